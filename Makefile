@@ -1,0 +1,63 @@
+# The two commands of the README (each does all of its own set-up on a fresh Debian/Ubuntu):
+#   make demo   build, then run SPEC's tiny shape through every backend and print a table
+#   make test   build, then run the whole test suite (what .ci/run calls)
+SHELL := /bin/bash
+.DEFAULT_GOAL := demo
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+PRESET  ?= ci
+BUILD   := build
+JOBS    ?= $(shell nproc)
+APT_PKGS := build-essential git python3 python3-venv python3-pip libeigen3-dev libgtest-dev \
+            libgmock-dev libbenchmark-dev nlohmann-json3-dev libvulkan-dev libvulkan1 \
+            mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Vulkan runs on Mesa's lavapipe (a CPU device) unless the caller chose a driver, under the Khronos
+# validation layer during tests (see ../shared/notes/halide21-vulkan.md).
+export VK_ICD_FILENAMES ?= /usr/share/vulkan/icd.d/lvp_icd.x86_64.json
+export HL_VK_DEVICE_TYPE ?= cpu
+
+.PHONY: setup deps venv configure build demo test bench roofline clean
+setup: deps venv
+
+deps: .stamps/apt
+.stamps/apt: Makefile
+	@missing=$$(for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt: installing $$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p .stamps && touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt .stamps/apt
+	[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+configure: $(BUILD)/build.ninja
+$(BUILD)/build.ninja: $(VENV)/.installed CMakeLists.txt CMakePresets.json
+	$(VENV)/bin/cmake --preset $(PRESET) \
+	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import halide, os; print(os.path.join(os.path.dirname(halide.__file__), "lib64", "cmake"))')"
+
+build: configure
+	$(VENV)/bin/cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/bin/kvouter demo --shape tiny
+
+test: build
+	cd $(BUILD) && ../$(VENV)/bin/ctest -j $(JOBS) --output-on-failure --timeout 900
+
+bench: build
+	mkdir -p experiments/results
+	$(BUILD)/bin/kvouter_bench --benchmark_out=experiments/results/cpu_bench.json --benchmark_out_format=json
+
+roofline: build
+	$(BUILD)/bin/kvouter roofline
+
+clean:
+	rm -rf $(BUILD) build-dev build-release build-asan

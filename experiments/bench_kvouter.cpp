@@ -1,0 +1,130 @@
+// Google Benchmark over SPEC §5's CPU shapes, every registered backend and schedule, in one run.
+// Each (backend, shape) is checked against the Eigen float64 oracle before it is timed (a wrong
+// result aborts the benchmark with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
+// Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
+// in the same process, and the forward / combine split.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli_util.h"
+#include "kvouter/errors.h"
+#include "registry.h"
+#include "roofline.h"
+
+namespace kx = kvouter::experiments;
+using namespace kvouter;
+
+namespace {
+
+struct ShapeData {
+  Inputs in;
+  Outputs ref;
+};
+
+ShapeData& shape_data(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<ShapeData>> cache;
+  auto& slot = cache[name];
+  if (!slot) {
+    slot = std::make_unique<ShapeData>();
+    slot->in = kx::make_case(kx::named_shape(name));
+    slot->ref = reference::dense_attention<double>(slot->in, validate(slot->in));
+  }
+  return *slot;
+}
+
+const kx::Roofline& roofline() {
+  static kx::Roofline r = kx::measure_roofline();
+  return r;
+}
+
+std::map<std::string, double>& direct_seconds() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
+  ShapeData& data = shape_data(shape);
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = BackendRegistry::instance().make(cfg);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  Plan plan = make_plan(data.in, backend->plan_options());
+  Outputs out = backend->run(plan, data.in);  // warm-up (and JIT compile), then check
+  const auto err = kx::compare_outputs(out, data.ref);
+  if (!err.ok()) {
+    state.SkipWithError(("wrong result: max|err| " + std::to_string(err.max_out_err)).c_str());
+    return;
+  }
+  double fwd = 0, comb = 0;
+  for (auto _ : state) {
+    out = backend->run(plan, data.in);
+    const auto& t = backend->last_timing();
+    state.SetIterationTime((t.forward_ms + t.combine_ms) / 1e3);
+    fwd += t.forward_ms;
+    comb += t.combine_ms;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double secs = (fwd + comb) / 1e3 / n;
+  state.counters["GFLOP/s"] = benchmark::Counter(plan.flops() / 1e9 * n, benchmark::Counter::kIsRate);
+  state.counters["pct_peak"] = 100.0 * plan.flops() / secs / 1e9 / roofline().fma_gflops;
+  state.counters["fwd_ms"] = fwd / n;
+  state.counters["combine_ms"] = comb / n;
+  state.counters["plan_ms"] = plan.plan_ms;
+  state.counters["compile_ms"] = backend->last_timing().compile_ms;
+  state.counters["kv_GB/s"] = plan.kv_unit_bytes() / secs / 1e9;
+  state.counters["max_err"] = err.max_out_err;
+  if (cfg.backend == "direct") direct_seconds()[shape] = secs;
+  const auto it = direct_seconds().find(shape);
+  if (it != direct_seconds().end()) state.counters["x_direct"] = it->second / secs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kx::register_all_backends();
+  std::vector<std::string> shapes = {"tiny", "prefill", "decode"};
+  if (const char* s = std::getenv("KVOUTER_BENCH_SHAPES")) {
+    shapes.clear();
+    std::string all = s;
+    for (size_t pos = 0; pos != std::string::npos;) {
+      const size_t next = all.find(',', pos);
+      shapes.push_back(all.substr(pos, next == std::string::npos ? next : next - pos));
+      pos = next == std::string::npos ? next : next + 1;
+    }
+  }
+  benchmark::AddCustomContext("fp32_peak_gflops", std::to_string(roofline().fma_gflops));
+  benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
+  for (const auto& shape : shapes) {
+    // direct first, so every later row of the shape has its ratio to the baseline.
+    std::vector<const BackendInfo*> order;
+    for (const auto& b : BackendRegistry::instance().all()) {
+      if (b.name == "direct") order.insert(order.begin(), &b);
+      else order.push_back(&b);
+    }
+    for (const BackendInfo* b : order) {
+      for (const auto& sched : b->schedules()) {
+        BackendConfig cfg{b->name, sched, {}, ""};
+        benchmark::RegisterBenchmark(("fwd+combine/" + b->name + "/" + sched + "/" + shape).c_str(),
+                                     run_case, cfg, shape)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(0.5)
+            ->Repetitions(3)
+            ->ReportAggregatesOnly(true);
+      }
+    }
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

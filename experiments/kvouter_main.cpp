@@ -1,0 +1,224 @@
+// kvouter: the command line (SPEC §4). Subcommands: run, demo, roofline, make-case.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli_util.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "registry.h"
+#include "roofline.h"
+
+namespace kx = kvouter::experiments;
+using namespace kvouter;
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+void print_backends(std::ostream& os) {
+  os << "backends (--backend), their schedules (--schedule) and targets (--target):\n";
+  for (const auto& b : BackendRegistry::instance().all()) {
+    os << "  " << b.name << (b.name == kx::default_backend() ? " (default)" : "") << ": " << b.description
+       << "\n      schedules: " << join(b.schedules()) << "\n      targets:   " << join(b.targets())
+       << "\n";
+  }
+}
+
+void main_help() {
+  std::cout << "usage: kvouter <command> [args]\n\n"
+               "commands:\n"
+               "  run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME] [--param K=V]...\n"
+               "               [--target HALIDE_TARGET] [--repeat N]\n"
+               "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
+               "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
+               "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
+               "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n\n";
+  print_backends(std::cout);
+}
+
+void run_help() {
+  std::cout << "usage: kvouter run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME]\n"
+               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N]\n\n"
+               "Reads q, k_pages, v_pages, selected, block_tables, cu_seqlens_q[, used_kv_lens] (.npy)\n"
+               "and case.json from CASE_DIR; writes out.npy and lse.npy into --out (default CASE_DIR).\n"
+               "Prints one summary line. Bad input: one line on stderr, nothing written, exit 2.\n"
+               "--repeat N runs N times and reports the median (compile time is never counted).\n\n";
+  print_backends(std::cout);
+}
+
+struct RunArgs {
+  std::string case_dir, out_dir;
+  BackendConfig cfg;
+  int repeat = 1;
+};
+
+RunArgs parse_run(const std::vector<std::string>& a) {
+  RunArgs r;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+      return a[++i];
+    };
+    if (a[i] == "--out") r.out_dir = value();
+    else if (a[i] == "--backend") r.cfg.backend = value();
+    else if (a[i] == "--schedule") r.cfg.schedule = value();
+    else if (a[i] == "--target") r.cfg.target = value();
+    else if (a[i] == "--param") {
+      const std::string kv = value();
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
+      r.cfg.params[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else if (a[i] == "--repeat") {
+      const std::string v = value();
+      try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
+      if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+    } else if (!a[i].empty() && a[i][0] == '-') {
+      throw UsageError("unknown option '" + a[i] + "' (see kvouter run --help)");
+    } else if (r.case_dir.empty()) {
+      r.case_dir = a[i];
+    } else {
+      throw UsageError("unexpected argument '" + a[i] + "'");
+    }
+  }
+  if (r.case_dir.empty()) throw UsageError("run: expected CASE_DIR (see kvouter run --help)");
+  if (r.out_dir.empty()) r.out_dir = r.case_dir;
+  if (r.cfg.backend.empty()) r.cfg.backend = kx::default_backend();
+  return r;
+}
+
+std::string params_str(const std::map<std::string, std::string>& p) {
+  std::string s;
+  for (const auto& [k, v] : p) s += (s.empty() ? "" : ",") + k + "=" + v;
+  return s.empty() ? "-" : s;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  RunArgs ra = parse_run(args);
+  Inputs in = load_case(ra.case_dir);
+  auto backend = BackendRegistry::instance().make(ra.cfg);
+  Plan plan = make_plan(in, backend->plan_options());
+  std::vector<double> times;
+  Outputs out;
+  double compile_ms = 0;
+  for (int i = 0; i < ra.repeat; ++i) {
+    out = backend->run(plan, in);
+    const auto& t = backend->last_timing();
+    compile_ms += t.compile_ms;
+    times.push_back(t.forward_ms + t.combine_ms);
+  }
+  std::sort(times.begin(), times.end());
+  const double ms = times[times.size() / 2];
+  save_outputs(ra.out_dir, out);
+  std::printf("backend=%s schedule=%s params=%s target=%s time_ms=%.3f gflops=%.2f plan_ms=%.3f compile_ms=%.1f\n",
+              backend->name().c_str(), backend->schedule().c_str(), params_str(backend->params()).c_str(),
+              backend->target().c_str(), ms, ms > 0 ? plan.flops() / (ms * 1e6) : 0.0, plan.plan_ms, compile_ms);
+  return 0;
+}
+
+int cmd_demo(const std::vector<std::string>& args) {
+  std::string shape = "tiny";
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--shape" && i + 1 < args.size()) shape = args[++i];
+    else throw UsageError("demo: unknown argument '" + args[i] + "'");
+  }
+  Inputs in = kx::make_case(kx::named_shape(shape));
+  const Problem prob = validate(in);
+  const Outputs ref = reference::dense_attention<double>(in, prob);
+  std::printf("shape %s: Tq=%lld Hq=%lld Hkv=%lld D=%lld block=%lld page=%lld topk=%lld (oracle: Eigen dense, float64)\n",
+              shape.c_str(), (long long)prob.Tq, (long long)prob.Hq, (long long)prob.Hkv, (long long)prob.D,
+              (long long)prob.block_size, (long long)prob.page_size, (long long)prob.topk);
+  std::printf("%-8s %-18s %-10s %12s %12s %10s %12s %s\n", "backend", "schedule", "target", "median_ms",
+              "GFLOP/s", "plan_ms", "max|err|", "check");
+  bool all_ok = true;
+  for (const auto& info : BackendRegistry::instance().all()) {
+    for (const auto& sched : info.schedules()) {
+      BackendConfig cfg{info.name, sched, {}, ""};
+      std::unique_ptr<Backend> backend;
+      try {
+        backend = info.make(cfg);
+      } catch (const BackendError& e) {
+        std::printf("%-8s %-18s skipped: %s\n", info.name.c_str(), sched.c_str(), e.what());
+        continue;
+      }
+      Plan plan = make_plan(in, backend->plan_options());
+      std::vector<double> times;
+      Outputs out;
+      for (int i = 0; i < 5; ++i) {
+        out = backend->run(plan, in);
+        times.push_back(backend->last_timing().forward_ms + backend->last_timing().combine_ms);
+      }
+      std::sort(times.begin(), times.end());
+      const double ms = times[2];
+      const auto err = kx::compare_outputs(out, ref);
+      all_ok &= err.ok();
+      std::printf("%-8s %-18s %-10s %12.3f %12.2f %10.3f %12.2e %s\n", backend->name().c_str(),
+                  backend->schedule().c_str(), backend->target().c_str(), ms, plan.flops() / (ms * 1e6),
+                  plan.plan_ms, err.max_out_err, err.ok() ? "ok" : "FAIL");
+    }
+  }
+  return all_ok ? 0 : 1;
+}
+
+int cmd_make_case(const std::vector<std::string>& args) {
+  if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
+  save_case(args[1], kx::make_case(kx::named_shape(args[0])));
+  std::printf("wrote %s to %s\n", args[0].c_str(), args[1].c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kx::register_all_backends();
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    main_help();
+    return args.empty() ? kExitBadInput : 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "run") {
+      if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+        run_help();
+        return 0;
+      }
+      return cmd_run(args);
+    }
+    if (cmd == "demo") return cmd_demo(args);
+    if (cmd == "roofline") {
+      std::cout << kx::roofline_json(kx::measure_roofline()) << std::endl;
+      return 0;
+    }
+    if (cmd == "make-case") return cmd_make_case(args);
+    throw UsageError("unknown command '" + cmd + "' (see kvouter --help)");
+  } catch (const UsageError& e) {
+    std::cerr << "kvouter: usage error: " << e.what() << std::endl;
+  } catch (const InputError& e) {
+    std::cerr << "kvouter: invalid input: " << e.what() << std::endl;
+  } catch (const CaseFileError& e) {
+    std::cerr << "kvouter: case file error: " << e.what() << std::endl;
+  } catch (const BackendError& e) {
+    std::cerr << "kvouter: backend error: " << e.what() << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "kvouter: error: " << e.what() << std::endl;
+  }
+  return kExitBadInput;
+}

@@ -1,0 +1,11 @@
+// The one place where backends are registered: adding a backend is a class plus one line here.
+#pragma once
+
+namespace kvouter::experiments {
+
+void register_all_backends();
+
+// The backend the CLI uses when --backend is not given: the fastest correct one on this machine.
+const char* default_backend();
+
+}  // namespace kvouter::experiments

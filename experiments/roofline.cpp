@@ -1,0 +1,117 @@
+#include "roofline.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+namespace kvouter::experiments {
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "avx2";
+#else
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "sse";
+#endif
+typedef float vf __attribute__((vector_size(4 * kLanes)));
+
+// 12 independent accumulator chains hide the FMA latency (4 cycles x 2 ports + margin).
+__attribute__((noinline)) double fma_chains(int64_t iters, float seed) {
+  vf a[12];
+  for (int i = 0; i < 12; ++i) a[i] = vf{} + seed * static_cast<float>(i + 1);
+  const vf x = vf{} + 0.999999f, y = vf{} + 1e-7f;
+  for (int64_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = a[i] * x + y;
+    asm volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]));
+  }
+  double s = 0;
+  for (int i = 0; i < 12; ++i) s += a[i][0];
+  return s;
+}
+
+template <class F>
+double median_rate(F&& once, int reps) {
+  std::vector<double> r;
+  for (int i = 0; i < reps; ++i) r.push_back(once());
+  std::sort(r.begin(), r.end());
+  return r[r.size() / 2];
+}
+
+}  // namespace
+
+Roofline measure_roofline(double seconds_per_probe) {
+  Roofline r;
+  r.threads = omp_get_max_threads();
+  r.isa = kIsa;
+  using clock = std::chrono::steady_clock;
+  // Calibrate iterations so that one probe lasts about seconds_per_probe / 5.
+  int64_t iters = 1 << 20;
+  for (;;) {
+    const auto t0 = clock::now();
+    fma_chains(iters, 1.f);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (s > seconds_per_probe / 5) break;
+    iters *= 2;
+  }
+  volatile double sink = 0;
+  r.fma_gflops = median_rate(
+      [&] {
+        const auto t0 = clock::now();
+        double acc = 0;
+#pragma omp parallel reduction(+ : acc)
+        acc += fma_chains(iters, 1.f + omp_get_thread_num());
+        const double s = std::chrono::duration<double>(clock::now() - t0).count();
+        sink = sink + acc;
+        return 2.0 * 12 * kLanes * static_cast<double>(iters) * r.threads / s / 1e9;
+      },
+      5);
+
+  const size_t n = size_t{1} << 27;  // 512 MiB of floats: far beyond any cache
+  std::vector<float> buf(n);
+#pragma omp parallel for
+  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 7);
+  r.read_gbps = median_rate(
+      [&] {
+        const auto t0 = clock::now();
+        double acc = 0;
+        const size_t step = 4 * kLanes;
+#pragma omp parallel reduction(+ : acc)
+        {
+          vf a0{}, a1{}, a2{}, a3{};
+#pragma omp for
+          for (size_t i = 0; i < n; i += step) {
+            vf x0, x1, x2, x3;
+            std::memcpy(&x0, &buf[i], sizeof(vf));
+            std::memcpy(&x1, &buf[i + kLanes], sizeof(vf));
+            std::memcpy(&x2, &buf[i + 2 * kLanes], sizeof(vf));
+            std::memcpy(&x3, &buf[i + 3 * kLanes], sizeof(vf));
+            a0 += x0; a1 += x1; a2 += x2; a3 += x3;
+          }
+          acc += (a0 + a1 + a2 + a3)[0];
+        }
+        const double s = std::chrono::duration<double>(clock::now() - t0).count();
+        sink = sink + acc;
+        return static_cast<double>(n * sizeof(float)) / s / 1e9;
+      },
+      5);
+  return r;
+}
+
+std::string roofline_json(const Roofline& r) {
+  std::ostringstream os;
+  os << "{\"fp32_fma_gflops\": " << r.fma_gflops << ", \"read_gbps\": " << r.read_gbps
+     << ", \"threads\": " << r.threads << ", \"isa\": \"" << r.isa << "\"}";
+  return os.str();
+}
+
+}  // namespace kvouter::experiments

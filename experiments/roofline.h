@@ -1,0 +1,18 @@
+// The machine's measured peak: FP32 FMA rate over all threads and memory read bandwidth.
+#pragma once
+
+#include <string>
+
+namespace kvouter::experiments {
+
+struct Roofline {
+  double fma_gflops = 0;   // FP32, 2 FLOP per FMA, all threads
+  double read_gbps = 0;    // streaming read bandwidth, all threads
+  int threads = 0;
+  std::string isa;         // widest vector ISA the peak loop used
+};
+
+Roofline measure_roofline(double seconds_per_probe = 0.5);
+std::string roofline_json(const Roofline& r);
+
+}  // namespace kvouter::experiments

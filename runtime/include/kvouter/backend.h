@@ -1,0 +1,87 @@
+// The backend interface: every backend takes the same Plan and Inputs and returns the same
+// Outputs, so tests, benchmarks, sweeps and the tuner treat them all alike.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvouter/plan.h"
+#include "kvouter/tensor.h"
+
+namespace kvouter {
+
+struct Outputs {
+  Tensor<float> out;  // [Tq, Hq, D]
+  Tensor<float> lse;  // [Tq, Hq]
+};
+
+// Forward results: one row per (tile, edge) partial, see tile_layout.h.
+struct Partials {
+  Tensor<float> o;  // [num_partials, qhead, D]
+  Tensor<float> m;  // [num_partials, qhead]
+  Tensor<float> l;  // [num_partials, qhead]
+};
+
+// Log-sum-exp combine on the host: out[t, j] = sum_r w_r o_r / sum_r w_r l_r with
+// w_r = exp(m_r - max_r m_r). Empty rows give out = 0 and lse = -inf.
+Outputs combine_partials(const Plan& plan, const Partials& parts);
+
+// Wall times of the last run, split by phase (milliseconds).
+struct RunTiming {
+  double forward_ms = 0;
+  double combine_ms = 0;
+  double compile_ms = 0;  // JIT compile or device set-up of the last run; never counted above
+};
+
+// What a backend is asked to be: the CLI's --backend/--schedule/--param/--target.
+struct BackendConfig {
+  std::string backend;
+  std::string schedule;                        // empty = the backend's default
+  std::map<std::string, std::string> params;   // schedule knobs, e.g. T=16
+  std::string target;                          // Halide target string; empty = default
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::string schedule() const { return "-"; }
+  virtual std::string target() const { return "host"; }
+  // Knobs actually in force (for result records).
+  virtual std::map<std::string, std::string> params() const { return {}; }
+  // The plan this backend wants (its tile size T).
+  virtual PlanOptions plan_options() const { return {}; }
+  virtual Outputs run(const Plan& plan, const Inputs& in) = 0;
+  const RunTiming& last_timing() const { return timing_; }
+
+ protected:
+  RunTiming timing_;
+};
+
+struct BackendInfo {
+  std::string name;
+  std::string description;
+  std::function<std::vector<std::string>()> schedules;  // names selectable with --schedule
+  std::function<std::vector<std::string>()> targets;    // targets selectable with --target
+  std::function<std::unique_ptr<Backend>(const BackendConfig&)> make;
+};
+
+// The registry of backends. Registration lines live in one place (experiments/registry.cpp);
+// adding a backend is a class plus one line there.
+class BackendRegistry {
+ public:
+  static BackendRegistry& instance();
+  void add(BackendInfo info);
+  const std::vector<BackendInfo>& all() const { return infos_; }
+  const BackendInfo* find(const std::string& name) const;
+  // Throws BackendError naming the unknown backend and listing the known ones.
+  std::unique_ptr<Backend> make(const BackendConfig& cfg) const;
+
+ private:
+  std::vector<BackendInfo> infos_;
+};
+
+}  // namespace kvouter

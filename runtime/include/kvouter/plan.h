@@ -1,0 +1,72 @@
+// Plan, then run (FlashInfer's plan()/run()): the CSR index and the tile arrays are built once,
+// outside any timed region, and every backend consumes the same Plan.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvouter/inputs.h"
+
+namespace kvouter {
+
+// Per KV head, a CSR over compact work units (batch, block): each unit is one KV block that at
+// least one query of the batch attends after dedup, dropping and causal pruning. Its edges are the
+// (query, rank) pairs that chose it, in ascending (query, rank) order.
+struct KvIndex {
+  std::vector<int64_t> head_unit_begin;  // [Hkv + 1] units of head h: [begin[h], begin[h+1])
+  std::vector<int32_t> unit_head;        // [units]
+  std::vector<int32_t> unit_batch;       // [units]
+  std::vector<int32_t> unit_block;       // [units]
+  std::vector<int64_t> unit_edge_begin;  // [units + 1] CSR offsets into the edge arrays
+  std::vector<int32_t> edge_query;       // [edges] query token t
+  std::vector<int32_t> edge_rank;        // [edges] rank r in selected[t, h, :]
+  std::vector<int32_t> edge_limit;       // [edges] attended block positions [0, limit)
+  std::vector<int32_t> inverse;          // [Tq, Hkv, topk] -> edge id, or -1
+
+  int64_t num_units() const { return static_cast<int64_t>(unit_head.size()); }
+  int64_t num_edges() const { return static_cast<int64_t>(edge_query.size()); }
+};
+
+KvIndex build_kvouter_index(const Inputs& in, const Problem& p);
+
+// Tiles: each work unit split into tiles of at most T edges (layout in tile_layout.h).
+struct TileSet {
+  int64_t T = 0;
+  int64_t num_tiles = 0;
+  int64_t ppb = 0;
+  std::vector<int32_t> tile_head;      // [num_tiles]
+  std::vector<int32_t> tile_unit;      // [num_tiles]
+  std::vector<int32_t> tile_pages;     // [num_tiles, ppb]
+  std::vector<int32_t> tile_query;     // [num_tiles, T]
+  std::vector<int32_t> tile_limit;     // [num_tiles, T]
+  std::vector<int32_t> partial_index;  // [Tq, Hkv, topk]
+  std::vector<int32_t> edge_partial;   // [edges] index edge -> partial row tile * T + slot
+
+  int64_t num_partials() const { return num_tiles * T; }
+};
+
+TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& index, int64_t T);
+
+struct PlanOptions {
+  int64_t tile_edges = 16;  // T
+};
+
+struct Plan {
+  Problem problem;
+  KvIndex index;
+  TileSet tiles;
+  int64_t attended_pairs = 0;  // (t, h, p) triples really attended, before the qhead fan-out
+  double plan_ms = 0;          // wall time of make_plan
+
+  // SPEC §5: 4 * D * attended (t, j, p) triples.
+  double flops() const {
+    return 4.0 * static_cast<double>(problem.D) * static_cast<double>(attended_pairs) *
+           static_cast<double>(problem.qhead);
+  }
+  // Bytes of K and V that one read of every work unit's block costs (each unit read once).
+  double kv_unit_bytes() const;
+};
+
+Plan make_plan(const Inputs& in, const PlanOptions& opt = {});
+
+}  // namespace kvouter

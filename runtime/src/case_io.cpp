@@ -1,0 +1,159 @@
+#include "kvouter/case_io.h"
+
+#ifndef HALIDE_NO_PNG
+#define HALIDE_NO_PNG
+#endif
+#ifndef HALIDE_NO_JPEG
+#define HALIDE_NO_JPEG
+#endif
+#include <HalideBuffer.h>
+#include <halide_image_io.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kvouter/errors.h"
+
+namespace kvouter {
+
+namespace {
+
+thread_local std::string npy_error;
+
+bool capture_npy_error(bool condition, const char* msg) {
+  if (!condition) npy_error = msg;
+  return condition;
+}
+
+std::string dtype_name(halide_type_t t) {
+  const char* kind = t.code == halide_type_float ? "float" : t.code == halide_type_uint ? "uint" : "int";
+  return std::string(kind) + std::to_string(t.bits);
+}
+
+std::string unique_suffix() {
+  return ".tmp" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(&npy_error) & 0xffff);
+}
+
+}  // namespace
+
+template <class T>
+Tensor<T> load_npy(const std::string& path, const std::string& field) {
+  if (!std::filesystem::is_regular_file(path)) {
+    throw CaseFileError(field + ": missing file " + path);
+  }
+  Halide::Runtime::Buffer<> buf;
+  npy_error.clear();
+  if (!Halide::Tools::Internal::load_npy<Halide::Runtime::Buffer<>, capture_npy_error>(path, &buf)) {
+    throw CaseFileError(field + ": cannot read " + path + ": " + npy_error);
+  }
+  if (buf.type() != halide_type_of<T>()) {
+    throw InputError(field + " dtype", dtype_name(halide_type_of<T>()), dtype_name(buf.type()));
+  }
+  Tensor<T> t;
+  for (int d = 0; d < buf.dimensions(); ++d) t.shape.push_back(buf.dim(d).extent());
+  const T* src = static_cast<const T*>(buf.data());
+  t.data.assign(src, src + buf.number_of_elements());
+  return t;
+}
+
+template <class T>
+void save_npy(const std::string& path, const Tensor<T>& t) {
+  std::vector<int> sizes;
+  for (int64_t e : t.shape) sizes.push_back(static_cast<int>(e));
+  Halide::Runtime::Buffer<> buf(halide_type_of<T>(), const_cast<T*>(t.data.data()), sizes);
+  npy_error.clear();
+  if (!Halide::Tools::Internal::save_npy<Halide::Runtime::Buffer<>, capture_npy_error>(buf, path)) {
+    throw CaseFileError("cannot write " + path + ": " + npy_error);
+  }
+}
+
+template Tensor<float> load_npy<float>(const std::string&, const std::string&);
+template Tensor<int32_t> load_npy<int32_t>(const std::string&, const std::string&);
+template Tensor<int64_t> load_npy<int64_t>(const std::string&, const std::string&);
+template void save_npy<float>(const std::string&, const Tensor<float>&);
+template void save_npy<int32_t>(const std::string&, const Tensor<int32_t>&);
+template void save_npy<int64_t>(const std::string&, const Tensor<int64_t>&);
+
+Inputs load_case(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) throw CaseFileError("CASE_DIR: not a directory: " + dir);
+  Inputs in;
+  const std::string json_path = (fs::path(dir) / "case.json").string();
+  std::ifstream f(json_path);
+  if (!f) throw CaseFileError("case.json: missing file " + json_path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw CaseFileError("case.json: not valid JSON: " + std::string(e.what()));
+  }
+  if (!j.is_object()) throw InputError("case.json", "a JSON object", j.type_name());
+  auto get_int = [&](const char* key) -> int64_t {
+    if (!j.contains(key)) throw InputError(std::string("case.json ") + key, "an integer", "nothing");
+    const auto& v = j[key];
+    if (!v.is_number_integer()) throw InputError(std::string("case.json ") + key, "an integer", v.dump());
+    return v.get<int64_t>();
+  };
+  in.block_size = get_int("block_size");
+  in.page_size = get_int("page_size");
+  if (j.contains("causal")) {
+    if (!j["causal"].is_boolean()) throw InputError("case.json causal", "true or false", j["causal"].dump());
+    in.causal = j["causal"].get<bool>();
+  }
+  if (j.contains("softmax_scale") && !j["softmax_scale"].is_null()) {
+    if (!j["softmax_scale"].is_number()) {
+      throw InputError("case.json softmax_scale", "a number", j["softmax_scale"].dump());
+    }
+    in.softmax_scale = j["softmax_scale"].get<float>();
+  }
+  auto file = [&](const char* name) { return (fs::path(dir) / (std::string(name) + ".npy")).string(); };
+  in.q = load_npy<float>(file("q"), "q");
+  in.k_pages = load_npy<float>(file("k_pages"), "k_pages");
+  in.v_pages = load_npy<float>(file("v_pages"), "v_pages");
+  in.selected = load_npy<int32_t>(file("selected"), "selected");
+  in.block_tables = load_npy<int32_t>(file("block_tables"), "block_tables");
+  in.cu_seqlens_q = load_npy<int64_t>(file("cu_seqlens_q"), "cu_seqlens_q");
+  if (fs::exists(file("used_kv_lens"))) in.used_kv_lens = load_npy<int32_t>(file("used_kv_lens"), "used_kv_lens");
+  return in;
+}
+
+void save_case(const std::string& dir, const Inputs& in) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  auto file = [&](const char* name) { return (fs::path(dir) / name).string(); };
+  save_npy(file("q.npy"), in.q);
+  save_npy(file("k_pages.npy"), in.k_pages);
+  save_npy(file("v_pages.npy"), in.v_pages);
+  save_npy(file("selected.npy"), in.selected);
+  save_npy(file("block_tables.npy"), in.block_tables);
+  save_npy(file("cu_seqlens_q.npy"), in.cu_seqlens_q);
+  if (in.used_kv_lens) save_npy(file("used_kv_lens.npy"), *in.used_kv_lens);
+  nlohmann::json j = {{"block_size", in.block_size}, {"page_size", in.page_size}, {"causal", in.causal}};
+  if (in.softmax_scale) j["softmax_scale"] = *in.softmax_scale;
+  std::ofstream(file("case.json")) << j.dump(1) << "\n";
+}
+
+void save_outputs(const std::string& dir, const Outputs& outputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string suffix = unique_suffix();
+  const fs::path out = fs::path(dir) / "out.npy", lse = fs::path(dir) / "lse.npy";
+  const std::string out_tmp = out.string() + suffix, lse_tmp = lse.string() + suffix;
+  try {
+    save_npy(out_tmp, outputs.out);
+    save_npy(lse_tmp, outputs.lse);
+    fs::rename(out_tmp, out);
+    fs::rename(lse_tmp, lse);
+  } catch (const std::exception& e) {
+    fs::remove(out_tmp, ec);
+    fs::remove(lse_tmp, ec);
+    fs::remove(out, ec);
+    throw CaseFileError(std::string("writing outputs: ") + e.what());
+  }
+}
+
+}  // namespace kvouter

@@ -1,0 +1,165 @@
+// SPEC §3: every violation is an InputError naming the field, the expected and the actual value.
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kvouter/errors.h"
+#include "kvouter/inputs.h"
+
+namespace kvouter {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Shape product with overflow checking, and agreement with the stored element count.
+template <class T>
+void check_tensor(const char* field, const Tensor<T>& t, int rank) {
+  if (t.rank() != rank) {
+    throw InputError(field, std::to_string(rank) + " dimensions",
+                     std::to_string(t.rank()) + " (shape " + shape_str(t.shape) + ")");
+  }
+  int64_t n = 1;
+  for (int64_t e : t.shape) {
+    if (e < 0) throw InputError(field, "non-negative extents", shape_str(t.shape));
+    if (__builtin_mul_overflow(n, e, &n)) {
+      throw InputError(field, "a shape whose element count fits in 64 bits", shape_str(t.shape));
+    }
+  }
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(sizeof(T)), &n) ||
+      n / static_cast<int64_t>(sizeof(T)) != static_cast<int64_t>(t.data.size())) {
+    throw InputError(field, "data of " + str(static_cast<int64_t>(t.data.size())) + " elements",
+                     "shape " + shape_str(t.shape));
+  }
+}
+
+void expect_dim(const char* field, const std::string& what, int64_t expected, int64_t actual) {
+  if (expected != actual) throw InputError(std::string(field) + " " + what, str(expected), str(actual));
+}
+
+}  // namespace
+
+Problem validate(const Inputs& in) {
+  check_tensor("q", in.q, 3);
+  check_tensor("k_pages", in.k_pages, 4);
+  check_tensor("v_pages", in.v_pages, 4);
+  check_tensor("selected", in.selected, 3);
+  check_tensor("block_tables", in.block_tables, 2);
+  check_tensor("cu_seqlens_q", in.cu_seqlens_q, 1);
+  if (in.used_kv_lens) check_tensor("used_kv_lens", *in.used_kv_lens, 1);
+
+  Problem p;
+  p.Tq = in.q.dim(0);
+  p.Hq = in.q.dim(1);
+  p.D = in.q.dim(2);
+  p.num_pages = in.k_pages.dim(0);
+  p.Hkv = in.k_pages.dim(1);
+  p.page_size = in.page_size;
+  p.block_size = in.block_size;
+  p.topk = in.selected.dim(2);
+  p.B = in.block_tables.dim(0);
+  p.max_pages = in.block_tables.dim(1);
+  p.causal = in.causal;
+
+  if (in.v_pages.shape != in.k_pages.shape) {
+    throw InputError("v_pages.shape", "the shape of k_pages " + shape_str(in.k_pages.shape),
+                     shape_str(in.v_pages.shape));
+  }
+  if (p.Hkv == 0) throw InputError("k_pages.shape[1] (Hkv)", "a positive number of KV heads", "0");
+  if (p.D == 0) throw InputError("q.shape[2] (D)", "a positive head dimension", "0");
+  if (p.topk == 0) throw InputError("selected.shape[2] (topk)", "a positive topk", "0");
+  if (p.Hq == 0 || p.Hq % p.Hkv != 0) {
+    throw InputError("q.shape[1] (Hq)", "a positive multiple of Hkv = " + str(p.Hkv), str(p.Hq));
+  }
+  p.qhead = p.Hq / p.Hkv;
+  expect_dim("k_pages.shape[3]", "(D, from q)", p.D, in.k_pages.dim(3));
+  if (p.page_size <= 0) throw InputError("page_size", "a positive integer", str(p.page_size));
+  expect_dim("k_pages.shape[2]", "(page_size)", p.page_size, in.k_pages.dim(2));
+  if (p.block_size <= 0 || p.block_size % p.page_size != 0) {
+    throw InputError("block_size", "a positive multiple of page_size = " + str(p.page_size),
+                     str(p.block_size));
+  }
+  p.ppb = p.block_size / p.page_size;
+  p.msb = p.max_pages / p.ppb;
+  expect_dim("selected.shape[0]", "(Tq, from q)", p.Tq, in.selected.dim(0));
+  expect_dim("selected.shape[1]", "(Hkv, from k_pages)", p.Hkv, in.selected.dim(1));
+  expect_dim("cu_seqlens_q.shape[0]", "(B + 1, from block_tables)", p.B + 1,
+             in.cu_seqlens_q.dim(0));
+  if (in.used_kv_lens) {
+    expect_dim("used_kv_lens.shape[0]", "(B, from block_tables)", p.B, in.used_kv_lens->dim(0));
+  }
+  // Index arrays are int32 on the device: keep every count they hold in range.
+  const int64_t i32max = std::numeric_limits<int32_t>::max();
+  if (p.Tq > i32max) throw InputError("q.shape[0] (Tq)", "at most " + str(i32max), str(p.Tq));
+  int64_t positions = 0;
+  if (__builtin_mul_overflow(p.msb, p.block_size, &positions) || positions > i32max) {
+    throw InputError("block_tables.shape[1] * page_size", "at most " + str(i32max) + " positions",
+                     "overflow");
+  }
+
+  const auto& cu = in.cu_seqlens_q.data;
+  if (cu[0] != 0) throw InputError("cu_seqlens_q[0]", "0", str(cu[0]));
+  for (int64_t b = 0; b < p.B; ++b) {
+    if (cu[b + 1] < cu[b]) {
+      throw InputError("cu_seqlens_q[" + str(b + 1) + "]",
+                       "a non-decreasing value >= " + str(cu[b]), str(cu[b + 1]));
+    }
+  }
+  if (cu[p.B] != p.Tq) {
+    throw InputError("cu_seqlens_q[" + str(p.B) + "]", "Tq = " + str(p.Tq), str(cu[p.B]));
+  }
+  p.cu = cu;
+
+  const int64_t max_len = p.msb * p.block_size;
+  p.kv_len.resize(static_cast<size_t>(p.B));
+  for (int64_t b = 0; b < p.B; ++b) {
+    int64_t L = max_len;
+    if (in.used_kv_lens) {
+      L = in.used_kv_lens->data[static_cast<size_t>(b)];
+      if (L < 0 || L > max_len) {
+        throw InputError("used_kv_lens[" + str(b) + "]",
+                         "a value in [0, msb * block_size = " + str(max_len) + "]", str(L));
+      }
+    }
+    p.kv_len[static_cast<size_t>(b)] = L;
+    // Every page that covers a position p < L must be a valid physical page (or negative).
+    const int64_t pages_used = (L + p.page_size - 1) / p.page_size;
+    for (int64_t lp = 0; lp < pages_used; ++lp) {
+      const int32_t page = in.block_tables.data[static_cast<size_t>(b * p.max_pages + lp)];
+      if (page >= p.num_pages) {
+        throw InputError("block_tables[" + str(b) + ", " + str(lp) + "]",
+                         "a page id < num_pages = " + str(p.num_pages) + " (or negative)",
+                         str(page));
+      }
+    }
+  }
+
+  for (int64_t i = 0; i < in.selected.numel(); ++i) {
+    const int32_t id = in.selected.data[static_cast<size_t>(i)];
+    if (id >= p.msb) {
+      const int64_t t = i / (p.Hkv * p.topk), h = (i / p.topk) % p.Hkv, r = i % p.topk;
+      throw InputError("selected[" + str(t) + ", " + str(h) + ", " + str(r) + "]",
+                       "a block id < msb = " + str(p.msb) + " (or negative padding)", str(id));
+    }
+  }
+
+  if (in.softmax_scale) {
+    if (!std::isfinite(*in.softmax_scale)) {
+      throw InputError("softmax_scale", "a finite value", std::to_string(*in.softmax_scale));
+    }
+    p.scale = *in.softmax_scale;
+  } else {
+    p.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
+  }
+  return p;
+}
+
+}  // namespace kvouter

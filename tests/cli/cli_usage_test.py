@@ -1,0 +1,75 @@
+"""The CLI's usage contract: --help lists backends, bad usage and bad files exit 2 with one line on
+stderr and leave no output files behind."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+cli = sys.argv[1]
+failures = []
+checks = [0]
+
+
+def run(*args):
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=120)
+
+
+def expect(cond, what):
+    checks[0] += 1
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+r = run("--help")
+expect(r.returncode == 0 and "direct" in r.stdout and "dense" in r.stdout, "--help lists backends")
+r = run("run", "--help")
+expect(r.returncode == 0 and "--backend" in r.stdout and "schedules:" in r.stdout, "run --help lists options")
+r = run("run")
+expect(r.returncode == 2 and "CASE_DIR" in r.stderr, "run without CASE_DIR exits 2")
+r = run("frobnicate")
+expect(r.returncode == 2 and "unknown command" in r.stderr, "unknown command exits 2")
+
+with tempfile.TemporaryDirectory() as tmp:
+    case = os.path.join(tmp, "case")
+    r = run("make-case", "tiny", case)
+    expect(r.returncode == 0, "make-case tiny")
+    out = os.path.join(tmp, "out")
+    r = run("run", case, "--out", out, "--backend", "nope")
+    expect(r.returncode == 2 and "backend" in r.stderr and not os.path.exists(os.path.join(out, "out.npy")),
+           "unknown backend exits 2 and writes nothing")
+    r = run("run", case, "--out", out, "--param", "novalue")
+    expect(r.returncode == 2 and "KEY=VALUE" in r.stderr, "malformed --param exits 2")
+    r = run("run", case, "--out", out)
+    expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
+    expect(os.path.exists(os.path.join(out, "out.npy")), "default run writes out.npy")
+
+    # Wrong dtype, truncated file, missing file, malformed case.json: exit 2, one line, nothing written.
+    def broken(mutate, what, needle):
+        bad = os.path.join(tmp, "bad_" + what.replace(" ", "_"))
+        subprocess.run(["cp", "-r", case, bad], check=True)
+        mutate(bad)
+        o = os.path.join(tmp, "o_" + what.replace(" ", "_"))
+        r = run("run", bad, "--out", o)
+        lines = r.stderr.strip().splitlines()
+        expect(r.returncode == 2 and len(lines) == 1 and needle in lines[0]
+               and not (os.path.exists(o) and os.listdir(o)), f"{what}: exit 2, one line naming {needle!r}: {lines}")
+
+    broken(lambda d: np.save(os.path.join(d, "q.npy"), np.load(os.path.join(d, "q.npy")).astype(np.float64)),
+           "wrong dtype", "q dtype")
+    def truncate(d):
+        p = os.path.join(d, "k_pages.npy")
+        data = open(p, "rb").read()
+        open(p, "wb").write(data[: len(data) // 2])
+    broken(truncate, "truncated file", "k_pages")
+    broken(lambda d: os.remove(os.path.join(d, "selected.npy")), "missing file", "selected")
+    broken(lambda d: open(os.path.join(d, "case.json"), "w").write("{not json"), "corrupt json", "case.json")
+    broken(lambda d: json.dump({"block_size": "64", "page_size": 16}, open(os.path.join(d, "case.json"), "w")),
+           "json wrong type", "block_size")
+    broken(lambda d: open(os.path.join(d, "v_pages.npy"), "wb").write(b"garbage"), "garbage npy", "v_pages")
+
+print(f"{checks[0] - len(failures)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,147 @@
+// build_kvouter_index and build_tiles: dedup, dropping, causal pruning, the inverse map round
+// trip, determinism, and the tile arrays.
+#include <gtest/gtest.h>
+
+#include "case_gen.h"
+#include "case_kinds.h"
+#include "kvouter/plan.h"
+#include "kvouter/tile_layout.h"
+
+namespace kvouter {
+namespace {
+
+// One sequence, one head, block 4, page 2: hand-written selections.
+Inputs hand_case(std::vector<int32_t> sel, int64_t qo, int64_t L, bool causal, int64_t topk) {
+  experiments::CaseSpec s;
+  s.qo = {qo};
+  s.kv = {L};
+  s.Hq = 1; s.Hkv = 1; s.D = 4; s.block_size = 4; s.page_size = 2; s.topk = topk; s.causal = causal;
+  s.extra_blocks = 2;  // the table addresses blocks beyond L
+  Inputs in = experiments::make_case(s);
+  in.selected.data = std::move(sel);
+  return in;
+}
+
+TEST(Index, RepeatedIdCountsOnce) {
+  Inputs in = hand_case({1, 1, 0, 1}, 1, 12, false, 4);
+  const Problem p = validate(in);
+  const KvIndex ix = build_kvouter_index(in, p);
+  ASSERT_EQ(ix.num_edges(), 2);
+  EXPECT_EQ(ix.inverse[0], ix.inverse[0]);
+  EXPECT_GE(ix.inverse[0], 0);   // first occurrence of 1 kept
+  EXPECT_EQ(ix.inverse[1], -1);  // repeats dropped
+  EXPECT_GE(ix.inverse[2], 0);
+  EXPECT_EQ(ix.inverse[3], -1);
+}
+
+TEST(Index, DropsBlocksBeyondLength) {
+  // L = 6: blocks 0 and 1 (positions 4..5 of block 1) exist; block 2 starts at 8 >= L.
+  Inputs in = hand_case({2, 1, -1}, 1, 6, false, 3);
+  const Problem p = validate(in);
+  const KvIndex ix = build_kvouter_index(in, p);
+  ASSERT_EQ(ix.num_edges(), 1);
+  EXPECT_EQ(ix.inverse[0], -1);
+  EXPECT_EQ(ix.edge_limit[ix.inverse[1]], 2);  // partial last block: 2 valid positions
+  EXPECT_EQ(ix.inverse[2], -1);
+}
+
+TEST(Index, PrunesCausalFutureBlocks) {
+  // qo = 3, L = 12, causal: query i attends p <= 9 + i. Block 2 = positions 8..11.
+  Inputs in = hand_case({2, 0, 2, 0, 2, 0}, 3, 12, true, 2);
+  const Problem p = validate(in);
+  const KvIndex ix = build_kvouter_index(in, p);
+  EXPECT_EQ(ix.edge_limit[ix.inverse[0]], 2);  // query 0: positions 8, 9
+  EXPECT_EQ(ix.edge_limit[ix.inverse[2]], 3);
+  EXPECT_EQ(ix.edge_limit[ix.inverse[4]], 4);
+  // L < qo: query i attends p <= i, so block 1 (positions 4..7) is pruned for queries 0..3.
+  Inputs in2 = hand_case(std::vector<int32_t>(10, 1), 10, 8, true, 1);
+  const KvIndex ix2 = build_kvouter_index(in2, validate(in2));
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(ix2.inverse[t], -1) << t;
+  EXPECT_EQ(ix2.edge_limit[ix2.inverse[4]], 1);
+  EXPECT_EQ(ix2.edge_limit[ix2.inverse[5]], 2);
+}
+
+TEST(Index, PrunesBlocksWithoutAllocatedPages) {
+  Inputs in = hand_case({0, 1}, 1, 8, false, 2);
+  in.block_tables.data[2] = -1;  // block 1 = logical pages 2, 3
+  in.block_tables.data[3] = -5;
+  const KvIndex ix = build_kvouter_index(in, validate(in));
+  EXPECT_GE(ix.inverse[0], 0);
+  EXPECT_EQ(ix.inverse[1], -1);
+}
+
+TEST(Index, InverseRoundTripAndOrderOnEveryKind) {
+  for (const auto& [name, spec] : testing::case_kinds()) {
+    Inputs in = experiments::make_case(spec);
+    const Problem p = validate(in);
+    const KvIndex ix = build_kvouter_index(in, p);
+    SCOPED_TRACE(name);
+    std::vector<int> hits(static_cast<size_t>(ix.num_edges()), 0);
+    for (int64_t i = 0; i < static_cast<int64_t>(ix.inverse.size()); ++i) {
+      const int32_t e = ix.inverse[i];
+      if (e < 0) continue;
+      ++hits[e];
+      const int64_t t = i / (p.Hkv * p.topk), r = i % p.topk;
+      EXPECT_EQ(ix.edge_query[e], t);
+      EXPECT_EQ(ix.edge_rank[e], r);
+    }
+    for (int h : hits) EXPECT_EQ(h, 1);
+    for (int64_t u = 0; u < ix.num_units(); ++u) {
+      EXPECT_LT(ix.unit_edge_begin[u], ix.unit_edge_begin[u + 1]);  // no empty unit
+      for (int64_t e = ix.unit_edge_begin[u] + 1; e < ix.unit_edge_begin[u + 1]; ++e) {
+        EXPECT_LT(ix.edge_query[e - 1], ix.edge_query[e]);  // ascending, one edge per query
+      }
+      for (int64_t e = ix.unit_edge_begin[u]; e < ix.unit_edge_begin[u + 1]; ++e) {
+        EXPECT_GT(ix.edge_limit[e], 0);
+        EXPECT_LE(ix.edge_limit[e], p.block_size);
+      }
+    }
+    // Determinism: a second build is identical.
+    const KvIndex again = build_kvouter_index(in, p);
+    EXPECT_EQ(again.edge_query, ix.edge_query);
+    EXPECT_EQ(again.inverse, ix.inverse);
+    EXPECT_EQ(again.unit_block, ix.unit_block);
+  }
+}
+
+TEST(Tiles, CoverEveryEdgeOnceWithPadding) {
+  for (const auto& [name, spec] : testing::case_kinds()) {
+    Inputs in = experiments::make_case(spec);
+    const Problem p = validate(in);
+    const KvIndex ix = build_kvouter_index(in, p);
+    for (int64_t T : {1, 3, 16}) {
+      SCOPED_TRACE(name + " T=" + std::to_string(T));
+      const TileSet ts = build_tiles(in, p, ix, T);
+      int64_t real = 0;
+      for (int64_t s = 0; s < ts.num_partials(); ++s) {
+        if (ts.tile_query[s] == layout::kNoQuery) {
+          EXPECT_EQ(ts.tile_limit[s], 0);
+        } else {
+          ++real;
+        }
+      }
+      EXPECT_EQ(real, ix.num_edges());
+      for (size_t i = 0; i < ix.inverse.size(); ++i) {
+        if (ix.inverse[i] < 0) {
+          EXPECT_EQ(ts.partial_index[i], layout::kNoPartial);
+          continue;
+        }
+        const int32_t slot = ts.partial_index[i];
+        EXPECT_EQ(ts.tile_query[slot], ix.edge_query[ix.inverse[i]]);
+        EXPECT_EQ(ts.tile_head[slot / T], ix.unit_head[ts.tile_unit[slot / T]]);
+      }
+      for (int32_t page : ts.tile_pages) EXPECT_LT(page, p.num_pages);
+    }
+  }
+}
+
+TEST(Plan, FlopsCountAttendedTriples) {
+  // Non-causal, one query, blocks 0 and 1 of L = 6 (4 + 2 positions), qhead 1, D 4.
+  Inputs in = hand_case({0, 1}, 1, 6, false, 2);
+  const Plan plan = make_plan(in);
+  EXPECT_EQ(plan.attended_pairs, 6);
+  EXPECT_DOUBLE_EQ(plan.flops(), 4.0 * 4 * 6);
+}
+
+}  // namespace
+}  // namespace kvouter
