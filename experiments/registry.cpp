@@ -3,6 +3,9 @@
 #include "../reference/dense_eigen.h"
 #include "../reference/direct.h"
 #include "kvouter/backend.h"
+#include "kvouter/errors.h"
+#include "kvouter/jit.h"
+#include "schedules.h"
 
 namespace kvouter::experiments {
 
@@ -13,8 +16,27 @@ void register_all_backends() {
          [] { return std::vector<std::string>{"seed-simd8"}; }, host, reference::make_direct_backend});
   r.add({"dense", "Eigen dense masked attention (float): the oracle's algorithm as a baseline",
          [] { return std::vector<std::string>{"eigen-f32"}; }, host, reference::make_dense_backend});
+  r.add({"jit", "Halide pipelines JIT-compiled on demand for (schedule, knobs, target, shape)",
+         [] {
+           std::vector<std::string> names;
+           for (const auto& s : pipeline::all_schedules()) names.push_back(s.name);
+           return names;
+         },
+         [] { return std::vector<std::string>{"host"}; },
+         [](const BackendConfig& cfg) {
+           BackendConfig c = cfg;
+           if (c.schedule.empty()) c.schedule = default_cpu_schedule();
+           const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
+           if (!info) {
+             std::string known;
+             for (const auto& s : pipeline::all_schedules()) known += (known.empty() ? "" : ", ") + s.name;
+             throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
+           }
+           return halide::make_jit_backend(c, info->autoscheduler);
+         }});
 }
 
-const char* default_backend() { return "direct"; }
+const char* default_backend() { return "jit"; }
+const char* default_cpu_schedule() { return "cpu_tiled"; }
 
 }  // namespace kvouter::experiments

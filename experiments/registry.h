@@ -7,5 +7,6 @@ void register_all_backends();
 
 // The backend the CLI uses when --backend is not given: the fastest correct one on this machine.
 const char* default_backend();
+const char* default_cpu_schedule();
 
 }  // namespace kvouter::experiments

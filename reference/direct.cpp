@@ -46,9 +46,8 @@ void scale_axpy(float* y, float alpha, float beta, const float* x, int64_t n) {
 Partials direct_forward(const Plan& plan, const Inputs& in) {
   const Problem& p = plan.problem;
   const KvIndex& ix = plan.index;
-  const int64_t np = plan.tiles.num_partials();
-  Partials parts{Tensor<float>({np, p.qhead, p.D}), Tensor<float>({np, p.qhead}, layout::kMaskedScore),
-                 Tensor<float>({np, p.qhead})};
+  Partials parts = Partials::empty(plan);
+  const int64_t C = p.D + layout::kPartialExtra;
   const int64_t bs = p.block_size, D = p.D;
 #pragma omp parallel
   {
@@ -73,7 +72,7 @@ Partials direct_forward(const Plan& plan, const Inputs& in) {
         const int64_t part = plan.tiles.edge_partial[e];
         for (int64_t lane = 0; lane < p.qhead; ++lane) {
           const float* q = &in.q.data[static_cast<size_t>((t * p.Hq + h * p.qhead + lane) * D)];
-          float* o = &parts.o.data[static_cast<size_t>((part * p.qhead + lane) * D)];
+          float* o = &parts.rows.data[static_cast<size_t>((part * p.qhead + lane) * C)];
           float m = layout::kMaskedScore, l = 0;
           for (int64_t pos = 0; pos < limit; ++pos) {
             if (!valid[pos]) continue;
@@ -89,8 +88,8 @@ Partials direct_forward(const Plan& plan, const Inputs& in) {
               scale_axpy(o, 1.f, w, &vblk[pos * D], D);
             }
           }
-          parts.m.data[part * p.qhead + lane] = m;
-          parts.l.data[part * p.qhead + lane] = l;
+          o[D] = m;
+          o[D + 1] = l;
         }
       }
     }

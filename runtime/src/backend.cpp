@@ -8,18 +8,28 @@
 
 namespace kvouter {
 
+Partials Partials::empty(const Plan& plan) {
+  const Problem& p = plan.problem;
+  const int64_t C = p.D + layout::kPartialExtra;
+  Partials parts{Tensor<float>({plan.tiles.num_partials(), p.qhead, C})};
+  for (int64_t r = 0; r < plan.tiles.num_partials() * p.qhead; ++r) parts.rows.data[r * C + p.D] = layout::kMaskedScore;
+  return parts;
+}
+
 Outputs combine_partials(const Plan& plan, const Partials& parts) {
   const Problem& p = plan.problem;
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   const auto& pidx = plan.tiles.partial_index;
   std::vector<double> acc(static_cast<size_t>(p.D));
+  const int64_t C = p.D + layout::kPartialExtra;
+  auto row_of = [&](int32_t partial, int64_t lane) { return &parts.rows.data[(partial * p.qhead + lane) * C]; };
   for (int64_t t = 0; t < p.Tq; ++t) {
     for (int64_t j = 0; j < p.Hq; ++j) {
       const int64_t h = j / p.qhead, lane = j % p.qhead;
       const int32_t* row = &pidx[static_cast<size_t>((t * p.Hkv + h) * p.topk)];
       float mmax = layout::kMaskedScore;
       for (int64_t r = 0; r < p.topk; ++r) {
-        if (row[r] >= 0) mmax = std::max(mmax, parts.m.data[row[r] * p.qhead + lane]);
+        if (row[r] >= 0) mmax = std::max(mmax, row_of(row[r], lane)[p.D]);
       }
       float* out = &res.out.data[static_cast<size_t>((t * p.Hq + j) * p.D)];
       if (mmax <= layout::kEmptyThreshold) {
@@ -30,12 +40,11 @@ Outputs combine_partials(const Plan& plan, const Partials& parts) {
       double lsum = 0;
       for (int64_t r = 0; r < p.topk; ++r) {
         if (row[r] < 0) continue;
-        const int64_t part = static_cast<int64_t>(row[r]) * p.qhead + lane;
-        const float m = parts.m.data[part];
+        const float* o = row_of(row[r], lane);
+        const float m = o[p.D];
         if (m <= layout::kEmptyThreshold) continue;
         const double w = std::exp(static_cast<double>(m) - mmax);
-        lsum += w * parts.l.data[part];
-        const float* o = &parts.o.data[static_cast<size_t>(part * p.D)];
+        lsum += w * o[p.D + 1];
         for (int64_t d = 0; d < p.D; ++d) acc[d] += w * o[d];
       }
       for (int64_t d = 0; d < p.D; ++d) out[d] = static_cast<float>(acc[d] / lsum);

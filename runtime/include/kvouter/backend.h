@@ -18,11 +18,10 @@ struct Outputs {
   Tensor<float> lse;  // [Tq, Hq]
 };
 
-// Forward results: one row per (tile, edge) partial, see tile_layout.h.
+// Forward results: [num_partials, qhead, D + 2] packed (o, m, l), see tile_layout.h.
 struct Partials {
-  Tensor<float> o;  // [num_partials, qhead, D]
-  Tensor<float> m;  // [num_partials, qhead]
-  Tensor<float> l;  // [num_partials, qhead]
+  Tensor<float> rows;
+  static Partials empty(const Plan& plan);  // o = 0, m = kMaskedScore, l = 0
 };
 
 // Log-sum-exp combine on the host: out[t, j] = sum_r w_r o_r / sum_r w_r l_r with

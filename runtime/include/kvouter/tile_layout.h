@@ -13,10 +13,12 @@
 //   partial_index int32 [Tq, Hkv, topk]      (query, KV head, rank) -> partial row tile*T + edge,
 //                                            or kNoPartial (padding, duplicate, dropped, pruned)
 //
-// Partials (forward outputs, combine inputs), one row per (tile, edge):
-//   o_partial f32 [num_tiles * T, qhead, D]  unnormalised sum_p exp(s_p - m) v_p
-//   m_partial f32 [num_tiles * T, qhead]     running max of the scaled scores (kEmptyMax if none)
-//   l_partial f32 [num_tiles * T, qhead]     sum_p exp(s_p - m)
+// Partials (forward output, combine input), packed so that one pipeline stage writes them all:
+//   partials f32 [num_tiles * T, qhead, D + 2]   per (tile edge, head lane):
+//     [0, D)  o: unnormalised sum_p exp(s_p - m) v_p
+//     D       m: max of the scaled scores (kMaskedScore if the partial attends nothing)
+//     D + 1   l: sum_p exp(s_p - m)
+//   Halide sees it as (c, row, tile) with row = edge * qhead + lane, or as (c, lane, partial).
 #pragma once
 
 #include <cstdint>
@@ -30,5 +32,7 @@ constexpr int32_t kNoPartial = -1;
 // IEEE infinities inside kernels. A partial whose m stays at or below kEmptyThreshold is empty.
 constexpr float kMaskedScore = -1.0e30f;
 constexpr float kEmptyThreshold = -1.0e29f;
+// Extra channels after D in a packed partial row.
+constexpr int kPartialExtra = 2;
 
 }  // namespace kvouter::layout

@@ -1,0 +1,1 @@
+// The generator executable gets its Generators from the kvouter_pipelines object library.

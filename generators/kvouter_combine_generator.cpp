@@ -1,0 +1,96 @@
+// kvouter_combine: merges each (query, query head)'s partials with the log-sum-exp rule.
+// partial_index (runtime tile_layout.h) maps (rank, KV head, query) to a partial row, or -1.
+#include <Halide.h>
+
+#include <limits>
+
+#include "kvouter/tile_layout.h"
+#include "kvouter_funcs.h"
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+namespace {
+
+using namespace Halide;
+
+class KvouterCombine : public Generator<KvouterCombine> {
+ public:
+  GeneratorParam<std::string> schedule{"schedule", "cpu_tiled"};
+  GeneratorParam<int> head_dim{"D", 0};
+  GeneratorParam<int> qhead{"qhead", 0};
+  GeneratorParam<int> vec{"vec", 16};
+  GeneratorParam<int> grain{"grain", 1};
+  GeneratorParam<int> gpu_rows{"gpu_rows", 8};
+  // Estimates for the autoschedulers (see kvouter_forward).
+  GeneratorParam<int> est_tq{"est_tq", 2048};
+  GeneratorParam<int> est_hq{"est_hq", 16};
+  GeneratorParam<int> est_hkv{"est_hkv", 2};
+  GeneratorParam<int> est_topk{"est_topk", 16};
+  GeneratorParam<int> est_partials{"est_partials", 51200};
+
+  Input<Buffer<float, 3>> partials{"partials"};          // (ch, lane, partial)
+  Input<Buffer<int32_t, 3>> partial_index{"partial_index"};  // (rank, h, t)
+  Output<Buffer<float, 3>> out{"out"};                   // (d, j, t)
+  Output<Buffer<float, 2>> lse{"lse"};                   // (j, t)
+
+  void generate() {
+    CombineFuncs f;
+    Var d = f.d, j = f.j, t = f.t, r = f.r;
+    Expr D = head_dim > 0 ? Expr(int(head_dim)) : partials.dim(0).extent() - layout::kPartialExtra;
+    Expr QH = qhead > 0 ? Expr(int(qhead)) : partials.dim(1).extent();
+    Expr NP = partials.dim(2).extent();
+    f.D = D;
+    f.rk = RDom(0, partial_index.dim(0).extent(), "rk");
+    Expr h = j / QH, lane = j % QH;
+    Expr pid = partial_index(r, h, t);
+    Expr pc = clamp(pid, 0, NP - 1);
+    const float kMasked = layout::kMaskedScore;
+    f.mval(r, j, t) = select(pid >= 0, partials(D, lane, pc), kMasked);
+    f.mmax(j, t) = kMasked;
+    f.mmax(j, t) = max(f.mmax(j, t), f.mval(f.rk.x, j, t));
+    Expr rk = f.rk.x;
+    Expr pk = clamp(partial_index(rk, h, t), 0, NP - 1);
+    Expr w = select(f.mval(rk, j, t) > layout::kEmptyThreshold, exp(f.mval(rk, j, t) - f.mmax(j, t)), 0.f);
+    f.lsum(j, t) = 0.f;
+    f.lsum(j, t) += w * partials(D + 1, lane, pk);
+    f.osum(d, j, t) = 0.f;
+    f.osum(d, j, t) += w * partials(d, lane, pk);
+    out(d, j, t) = select(f.lsum(j, t) > 0.f, f.osum(d, j, t) / f.lsum(j, t), 0.f);
+    lse(j, t) = select(f.lsum(j, t) > 0.f, f.mmax(j, t) + log(f.lsum(j, t)),
+                       Expr(-std::numeric_limits<float>::infinity()));
+    f.out = out;
+    f.lse = lse;
+
+    partials.dim(0).set_stride(1);
+    partial_index.dim(0).set_stride(1);
+    out.dim(0).set_stride(1);
+    if (head_dim > 0) {
+      partials.dim(0).set_bounds(0, int(head_dim) + layout::kPartialExtra);
+      out.dim(0).set_bounds(0, int(head_dim));
+    }
+    if (qhead > 0) partials.dim(1).set_bounds(0, int(qhead));
+    const int eD = head_dim > 0 ? int(head_dim) : 128;
+    const int eQH = qhead > 0 ? int(qhead) : int(est_hq) / int(est_hkv);
+    partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eQH}, {0, int(est_partials)}});
+    partial_index.set_estimates({{0, int(est_topk)}, {0, int(est_hkv)}, {0, int(est_tq)}});
+    out.set_estimates({{0, eD}, {0, int(est_hq)}, {0, int(est_tq)}});
+    lse.set_estimates({{0, int(est_hq)}, {0, int(est_tq)}});
+
+    if (using_autoscheduler()) return;
+    const ScheduleInfo* info = find_schedule(schedule);
+    if (!info || !info->combine) {
+      throw CompileError("kvouter_combine: schedule '" + std::string(schedule) +
+                         "' is not a manual combine schedule");
+    }
+    Knobs k;
+    k.vec = vec;
+    k.grain = grain;
+    k.gpu_rows = gpu_rows;
+    info->combine(f, k, get_target());
+  }
+};
+
+}  // namespace
+}  // namespace kvouter::pipeline
+
+HALIDE_REGISTER_GENERATOR(kvouter::pipeline::KvouterCombine, kvouter_combine)

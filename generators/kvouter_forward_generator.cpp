@@ -1,0 +1,172 @@
+// kvouter_forward: the KV-outer forward pass over the runtime's tiles (runtime/include/kvouter/
+// tile_layout.h). One tile = up to T edges (queries) that chose the same KV block of one KV head;
+// the block is gathered from the paged cache once per tile, processed chunk by chunk, and every
+// (edge, head lane) row of the tile is served from it. The algorithm lives here and nowhere else;
+// schedules/ only schedule it.
+#include <Halide.h>
+
+#include "kvouter/tile_layout.h"
+#include "kvouter_funcs.h"
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+namespace {
+
+using namespace Halide;
+
+class KvouterForward : public Generator<KvouterForward> {
+ public:
+  GeneratorParam<std::string> schedule{"schedule", "cpu_tiled"};
+  // Shape specialisation; 0 = taken from the buffers at run time (the generic variant).
+  GeneratorParam<int> head_dim{"D", 0};
+  GeneratorParam<int> page_size{"page_size", 0};
+  GeneratorParam<int> block_size{"block_size", 0};
+  GeneratorParam<int> qhead{"qhead", 0};
+  GeneratorParam<int> tile_edges{"T", 0};
+  // Schedule knobs (see Knobs).
+  GeneratorParam<int> chunk{"chunk", 64};
+  GeneratorParam<int> vec{"vec", 16};
+  GeneratorParam<int> rows{"rows", 4};
+  GeneratorParam<int> unroll{"unroll", 4};
+  GeneratorParam<int> grain{"grain", 1};
+  GeneratorParam<int> gpu_rows{"gpu_rows", 8};
+  // Estimates for the autoschedulers (default: the prefill shape). Autoscheduled twins are
+  // compiled with the real extents, so their splits never exceed an output's extent.
+  GeneratorParam<int> est_tq{"est_tq", 2048};
+  GeneratorParam<int> est_hq{"est_hq", 16};
+  GeneratorParam<int> est_hkv{"est_hkv", 2};
+  GeneratorParam<int> est_pages{"est_pages", 256};
+  GeneratorParam<int> est_tiles{"est_tiles", 3200};
+
+  Input<Buffer<float, 3>> q{"q"};              // (d, j, t)
+  Input<Buffer<float, 4>> k_pages{"k_pages"};  // (d, slot, h, page)
+  Input<Buffer<float, 4>> v_pages{"v_pages"};
+  Input<Buffer<int32_t, 1>> tile_head{"tile_head"};    // (tile)
+  Input<Buffer<int32_t, 2>> tile_pages{"tile_pages"};  // (page in block, tile)
+  Input<Buffer<int32_t, 2>> tile_query{"tile_query"};  // (edge, tile)
+  Input<Buffer<int32_t, 2>> tile_limit{"tile_limit"};  // (edge, tile)
+  Input<float> scale{"scale"};
+  Output<Buffer<float, 3>> partials{"partials"};       // (ch, row, tile), row = edge * qhead + lane
+
+  void generate() {
+    ForwardFuncs f;
+    Var d = f.d, p = f.p, row = f.row, c = f.c, tile = f.tile, ch = f.ch;
+
+    const bool static_block = block_size > 0 && page_size > 0;
+    Expr D = head_dim > 0 ? Expr(int(head_dim)) : q.dim(0).extent();
+    Expr PS = page_size > 0 ? Expr(int(page_size)) : k_pages.dim(1).extent();
+    Expr PPB = static_block ? Expr(int(block_size) / int(page_size)) : tile_pages.dim(0).extent();
+    Expr BS = static_block ? Expr(int(block_size)) : PS * PPB;
+    Expr Hkv = k_pages.dim(2).extent();
+    Expr QH = qhead > 0 ? Expr(int(qhead)) : q.dim(1).extent() / Hkv;
+    Expr T = tile_edges > 0 ? Expr(int(tile_edges)) : tile_query.dim(0).extent();
+    const int C = static_block ? std::min(int(chunk), int(block_size)) : int(chunk);
+    Expr NC = (BS + C - 1) / C;
+    f.single_chunk = static_block && int(block_size) <= C;
+    f.D = D;
+    f.C = C;
+    f.num_chunks = NC;
+    f.rows_per_tile = T * QH;
+    f.static_D = head_dim;
+    f.rd = RDom(0, D, "rd");
+    f.rp = RDom(0, C, "rp");
+    f.rc = RDom(0, NC, "rc");
+
+    // Gathers. Every data-dependent index is clamped: nothing is read out of bounds even for
+    // padding edges (tile_query = -1) and unallocated pages (-1), which the mask then removes.
+    Expr h = clamp(tile_head(tile), 0, Hkv - 1);
+    Expr edge = row / QH, lane = row % QH;
+    Expr query = clamp(tile_query(clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
+    f.qf(d, row, tile) = q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query) * scale;
+    Expr pos = c * C + p;
+    Expr page = tile_pages(clamp(pos / PS, 0, PPB - 1), tile);
+    Expr phys = clamp(page, 0, k_pages.dim(3).extent() - 1);
+    f.kf(d, p, c, tile) = k_pages(d, pos % PS, h, phys);
+    f.vf(d, p, c, tile) = v_pages(d, pos % PS, h, phys);
+    // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
+    // the block, on an allocated page.
+    Expr attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
+
+    const float kMasked = layout::kMaskedScore;
+    f.s(p, row, c, tile) = 0.f;
+    f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
+    Expr pos_r = c * C + f.rp.x;
+    Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
+    Expr attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+    f.cmax(row, c, tile) = kMasked;
+    f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
+    f.pexp(p, row, c, tile) = select(attended, exp(f.s(p, row, c, tile) - f.cmax(row, c, tile)), 0.f);
+    f.cpv(d, row, c, tile) = 0.f;
+    f.cpv(d, row, c, tile) += f.pexp(f.rp.x, row, c, tile) * f.vf(d, f.rp.x, c, tile);
+    f.csum(row, c, tile) = 0.f;
+    f.csum(row, c, tile) += f.pexp(f.rp.x, row, c, tile);
+    f.chunk_out(ch, row, c, tile) = select(ch < D, f.cpv(min(ch, D - 1), row, c, tile),
+                                           ch == D, f.cmax(row, c, tile), f.csum(row, c, tile));
+
+    f.out = partials;
+    if (f.single_chunk) {
+      partials(ch, row, tile) = f.chunk_out(ch, row, 0, tile);
+    } else {
+      // Merge the chunks with the log-sum-exp rule (as the combine merges partials).
+      f.mx(row, tile) = kMasked;
+      f.mx(row, tile) = max(f.mx(row, tile), f.chunk_out(D, row, f.rc.x, tile));
+      f.acc(ch, row, tile) = 0.f;
+      f.acc(ch, row, tile) += exp(f.chunk_out(D, row, f.rc.x, tile) - f.mx(row, tile)) *
+                              f.chunk_out(ch, row, f.rc.x, tile);
+      partials(ch, row, tile) = select(ch == D, f.mx(row, tile), f.acc(ch, row, tile));
+    }
+
+    // Dense C-order inputs; extents pinned where specialised.
+    q.dim(0).set_stride(1);
+    k_pages.dim(0).set_stride(1);
+    v_pages.dim(0).set_stride(1);
+    partials.dim(0).set_stride(1);
+    if (head_dim > 0) {
+      q.dim(0).set_bounds(0, int(head_dim));
+      k_pages.dim(0).set_bounds(0, int(head_dim));
+      v_pages.dim(0).set_bounds(0, int(head_dim));
+      q.dim(1).set_stride(int(head_dim));
+      k_pages.dim(1).set_stride(int(head_dim));
+      v_pages.dim(1).set_stride(int(head_dim));
+      partials.dim(0).set_bounds(0, int(head_dim) + layout::kPartialExtra);
+      partials.dim(1).set_stride(int(head_dim) + layout::kPartialExtra);
+    }
+    if (page_size > 0) {
+      k_pages.dim(1).set_bounds(0, int(page_size));
+      v_pages.dim(1).set_bounds(0, int(page_size));
+    }
+    if (static_block) tile_pages.dim(0).set_bounds(0, int(block_size) / int(page_size));
+    if (tile_edges > 0) {
+      tile_query.dim(0).set_bounds(0, int(tile_edges));
+      tile_limit.dim(0).set_bounds(0, int(tile_edges));
+    }
+    if (tile_edges > 0 && qhead > 0) partials.dim(1).set_bounds(0, int(tile_edges) * int(qhead));
+
+    const int eD = head_dim > 0 ? int(head_dim) : 128, eP = page_size > 0 ? int(page_size) : 16;
+    const int eB = block_size > 0 ? int(block_size) : 64, eT = tile_edges > 0 ? int(tile_edges) : 16;
+    const int eQH = qhead > 0 ? int(qhead) : int(est_hq) / int(est_hkv);
+    q.set_estimates({{0, eD}, {0, int(est_hq)}, {0, int(est_tq)}});
+    k_pages.set_estimates({{0, eD}, {0, eP}, {0, int(est_hkv)}, {0, int(est_pages)}});
+    v_pages.set_estimates({{0, eD}, {0, eP}, {0, int(est_hkv)}, {0, int(est_pages)}});
+    tile_head.set_estimates({{0, int(est_tiles)}});
+    tile_pages.set_estimates({{0, eB / eP}, {0, int(est_tiles)}});
+    tile_query.set_estimates({{0, eT}, {0, int(est_tiles)}});
+    tile_limit.set_estimates({{0, eT}, {0, int(est_tiles)}});
+    scale.set_estimate(0.088f);
+    partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eT * eQH}, {0, int(est_tiles)}});
+
+    if (using_autoscheduler()) return;
+    const ScheduleInfo* info = find_schedule(schedule);
+    if (!info || !info->forward) {
+      throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
+                         "' is not a manual forward schedule");
+    }
+    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain), int(gpu_rows)};
+    info->forward(f, k, get_target());
+  }
+};
+
+}  // namespace
+}  // namespace kvouter::pipeline
+
+HALIDE_REGISTER_GENERATOR(kvouter::pipeline::KvouterForward, kvouter_forward)

@@ -1,0 +1,68 @@
+// The Funcs, Vars and RDoms of the two pipelines, handed by the generators to the named schedules
+// in schedules/. Schedules may only schedule them; they never change what is computed.
+#pragma once
+
+#include <Halide.h>
+
+#include <map>
+#include <string>
+
+namespace kvouter::pipeline {
+
+// Knobs every schedule may read (GeneratorParams of the same names). A schedule ignores the ones
+// that mean nothing to it.
+struct Knobs {
+  int chunk = 64;   // positions per chunk (the block is processed chunk by chunk)
+  int vec = 16;     // vector width in floats
+  int rows = 4;     // register-tile rows (edge x head-lane rows per inner tile)
+  int unroll = 4;   // vectors per register-tile row (positions or D)
+  int grain = 1;    // tiles per parallel task
+  int gpu_rows = 8;  // GPU: rows per thread group slice
+};
+
+// kvouter_forward: per tile, per chunk c of the block
+//   s(p, row, c, tile)    = scale * q[row] . k[c*C + p]                 (reduction rd over D)
+//   cmax(row, c, tile)    = max_p masked s
+//   pexp(p, row, c, tile) = exp(s - cmax) where attended, else 0
+//   cpv(d, row, c, tile)  = sum_p pexp * v[c*C + p][d]                 (reduction rp over C)
+//   csum(row, c, tile)    = sum_p pexp
+// then the chunks merge with the log-sum-exp rule into partials(ch, row, tile), ch in [0, D + 2).
+struct ForwardFuncs {
+  Halide::Func qf;      // (d, row, tile)          gathered, pre-scaled query rows of the tile
+  Halide::Func kf;      // (d, p, c, tile)         gathered K chunk
+  Halide::Func vf;      // (d, p, c, tile)         gathered V chunk
+  Halide::Func s;       // (p, row, c, tile)       masked scaled scores
+  Halide::Func cmax;    // (row, c, tile)
+  Halide::Func pexp;    // (p, row, c, tile)
+  Halide::Func cpv;     // (d, row, c, tile)
+  Halide::Func csum;    // (row, c, tile)
+  Halide::Func chunk_out;  // (ch, row, c, tile)   [cpv | cmax | csum] of one chunk
+  Halide::Func mx;      // (row, tile)             max over chunks (multi-chunk blocks only)
+  Halide::Func acc;     // (ch, row, tile)         log-sum-exp merge of the chunks (multi-chunk)
+  Halide::Func out;     // (ch, row, tile)         the packed partials (the Output)
+  bool single_chunk = false;  // the block is one chunk: out reads chunk_out(., ., 0, .) directly
+  Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"};
+  Halide::RDom rd;      // over D
+  Halide::RDom rp;      // over C positions
+  Halide::RDom rc;      // over chunks
+  Halide::Expr D, C, num_chunks, rows_per_tile;  // extents (constants where specialised)
+  int static_D = 0;     // 0 when D is a run-time extent
+};
+
+// kvouter_combine: per (query, query head), log-sum-exp over the topk partials.
+struct CombineFuncs {
+  Halide::Func mval;    // (r, j, t)   m of rank r's partial, kMaskedScore when absent
+  Halide::Func mmax;    // (j, t)      max over ranks
+  Halide::Func lsum;    // (j, t)      sum_r w_r l_r
+  Halide::Func osum;    // (d, j, t)   sum_r w_r o_r
+  Halide::Func out;     // (d, j, t)   the Output
+  Halide::Func lse;     // (j, t)      the Output
+  Halide::Var d{"d"}, j{"j"}, t{"t"}, r{"r"};
+  Halide::RDom rk;      // over topk
+  Halide::Expr D;
+};
+
+using ForwardSchedule = void (*)(ForwardFuncs&, const Knobs&, const Halide::Target&);
+using CombineSchedule = void (*)(CombineFuncs&, const Knobs&, const Halide::Target&);
+
+}  // namespace kvouter::pipeline

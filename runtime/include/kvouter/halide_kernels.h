@@ -1,0 +1,47 @@
+// Running the Halide pipelines (JIT-compiled or AOT-generated alike) over a Plan: wraps the
+// runtime's C-order arrays as Halide buffers (dimensions reversed), calls forward then combine.
+#pragma once
+
+#include <HalideRuntime.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "kvouter/backend.h"
+
+namespace kvouter::halide {
+
+// Argument order of the kvouter_forward and kvouter_combine generators.
+using ForwardFn = std::function<int(halide_buffer_t* q, halide_buffer_t* k_pages, halide_buffer_t* v_pages,
+                                    halide_buffer_t* tile_head, halide_buffer_t* tile_pages,
+                                    halide_buffer_t* tile_query, halide_buffer_t* tile_limit, float scale,
+                                    halide_buffer_t* partials)>;
+using CombineFn = std::function<int(halide_buffer_t* partials, halide_buffer_t* partial_index,
+                                    halide_buffer_t* out, halide_buffer_t* lse)>;
+
+struct Kernels {
+  ForwardFn forward;
+  CombineFn combine;
+  std::string description;  // variant name, for errors
+};
+
+// Shape constants a variant may be specialised on (0 = generic).
+struct Specialization {
+  int D = 0, page_size = 0, block_size = 0, qhead = 0, T = 0;
+  // Extents that only autoscheduled twins specialise on (their estimates); 0 otherwise.
+  int64_t tq = 0, hq = 0, hkv = 0, pages = 0, tiles = 0, topk = 0;
+  Specialization with_extents(const Plan& plan) const;
+  static Specialization of(const Plan& plan);
+  std::string str() const;
+  bool operator<(const Specialization& o) const;
+};
+
+// The knobs a schedule understands, as GeneratorParams (name -> value). T is the plan's tile size.
+const std::vector<std::string>& knob_names();
+std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
+int64_t tile_edges_of(const std::map<std::string, std::string>& knobs);
+
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing);
+
+}  // namespace kvouter::halide

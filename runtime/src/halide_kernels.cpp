@@ -1,0 +1,145 @@
+#include "kvouter/halide_kernels.h"
+
+#include <HalideBuffer.h>
+
+#include <chrono>
+#include <limits>
+#include <sstream>
+#include <tuple>
+
+#include "kvouter/errors.h"
+#include "kvouter/tile_layout.h"
+
+namespace kvouter::halide {
+
+using Halide::Runtime::Buffer;
+
+namespace {
+
+// A C-order array [n0, n1, ..., nk] is the Halide buffer (nk, ..., n1, n0).
+template <class T>
+Buffer<T> wrap(const T* data, std::vector<int64_t> shape) {
+  std::vector<int> sizes;
+  for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
+    if (*it > std::numeric_limits<int32_t>::max()) {
+      throw BackendError("halide: an extent of " + std::to_string(*it) + " exceeds Halide's int32 extents");
+    }
+    sizes.push_back(static_cast<int>(*it));
+  }
+  return Buffer<T>(const_cast<T*>(data), sizes);
+}
+
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void check_rc(int rc, const char* stage, const Kernels& k) {
+  if (rc != 0) {
+    throw BackendError(std::string("halide: ") + stage + " of " + k.description + " failed with code " + std::to_string(rc));
+  }
+}
+
+}  // namespace
+
+Specialization Specialization::of(const Plan& plan) {
+  const Problem& p = plan.problem;
+  return {static_cast<int>(p.D), static_cast<int>(p.page_size), static_cast<int>(p.block_size),
+          static_cast<int>(p.qhead), static_cast<int>(plan.tiles.T)};
+}
+
+Specialization Specialization::with_extents(const Plan& plan) const {
+  Specialization s = *this;
+  const Problem& p = plan.problem;
+  s.tq = std::max<int64_t>(p.Tq, 1);
+  s.hq = p.Hq;
+  // Mullapudi2016 fails (with an empty message) on an input estimate of extent 1; inputs only
+  // need an estimate of the right order, so these never drop below 2.
+  s.hkv = std::max<int64_t>(p.Hkv, 2);
+  s.pages = std::max<int64_t>(p.num_pages, 2);
+  s.tiles = std::max<int64_t>(plan.tiles.num_tiles, 1);
+  s.topk = std::max<int64_t>(p.topk, 2);
+  return s;
+}
+
+std::string Specialization::str() const {
+  std::ostringstream os;
+  os << "D=" << D << ",page_size=" << page_size << ",block_size=" << block_size << ",qhead=" << qhead << ",T=" << T;
+  if (tq) os << ",est_tq=" << tq << ",est_hq=" << hq << ",est_hkv=" << hkv << ",est_pages=" << pages << ",est_tiles=" << tiles << ",est_topk=" << topk;
+  return os.str();
+}
+
+bool Specialization::operator<(const Specialization& o) const {
+  return std::tie(D, page_size, block_size, qhead, T, tq, hq, hkv, pages, tiles, topk) <
+         std::tie(o.D, o.page_size, o.block_size, o.qhead, o.T, o.tq, o.hq, o.hkv, o.pages, o.tiles, o.topk);
+}
+
+const std::vector<std::string>& knob_names() {
+  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "gpu_rows"};
+  return names;
+}
+
+std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
+  std::map<std::string, std::string> k = {{"T", "16"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
+                                          {"unroll", "4"}, {"grain", "1"}, {"gpu_rows", "8"}};
+  for (const auto& [name, value] : params) {
+    if (!k.count(name)) {
+      std::string known;
+      for (const auto& n : knob_names()) known += (known.empty() ? "" : ", ") + n;
+      throw BackendError("--param " + name + ": unknown knob (known: " + known + ")");
+    }
+    long v = 0;
+    try {
+      size_t used = 0;
+      v = std::stol(value, &used);
+      if (used != value.size()) v = 0;
+    } catch (...) {
+      v = 0;
+    }
+    if (v <= 0 || v > 4096) {
+      throw BackendError("--param " + name + ": expected an integer in [1, 4096], got '" + value + "'");
+    }
+    k[name] = std::to_string(v);
+  }
+  return k;
+}
+
+int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return std::stol(knobs.at("T")); }
+
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
+  const Problem& p = plan.problem;
+  const TileSet& ts = plan.tiles;
+  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  timing->forward_ms = timing->combine_ms = 0;
+  if (p.Tq == 0) return res;
+
+  const int64_t C = p.D + layout::kPartialExtra;
+  // With no tile at all, one empty partial keeps the combine's buffers non-empty.
+  const int64_t np = std::max<int64_t>(ts.num_partials(), 1);
+  Tensor<float> partials({np, p.qhead, C});
+  if (ts.num_partials() == 0) partials.data[p.D] = layout::kMaskedScore;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  if (ts.num_tiles > 0) {
+    auto q = wrap(in.q.ptr(), in.q.shape);
+    auto k = wrap(in.k_pages.ptr(), in.k_pages.shape);
+    auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
+    auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
+    auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
+    auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
+    auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
+    auto part = wrap(partials.ptr(), {ts.num_tiles, ts.T * p.qhead, C});
+    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  auto part = wrap(partials.ptr(), partials.shape);
+  auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
+  auto out = wrap(res.out.ptr(), res.out.shape);
+  auto lse = wrap(res.lse.ptr(), res.lse.shape);
+  check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
+  const auto t2 = std::chrono::steady_clock::now();
+  timing->forward_ms = ms_between(t0, t1);
+  timing->combine_ms = ms_between(t1, t2);
+  return res;
+}
+
+}  // namespace kvouter::halide

@@ -1,0 +1,213 @@
+#include "kvouter/jit.h"
+
+#include <Halide.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "kvouter/errors.h"
+
+namespace kvouter::halide {
+
+namespace {
+
+std::string join_knobs(const std::map<std::string, std::string>& m) {
+  std::string s;
+  for (const auto& [k, v] : m) s += (s.empty() ? "" : ",") + k + "=" + v;
+  return s;
+}
+
+Halide::Target to_target(const std::string& target) {
+  if (target.empty() || target == "host") return Halide::get_host_target();
+  if (!Halide::Target::validate_target_string(target)) {
+    throw BackendError("--target: '" + target + "' is not a Halide target string");
+  }
+  return Halide::Target(target);
+}
+
+// The autoscheduler plugins ship beside libHalide.so in the wheel.
+void load_autoscheduler(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, bool> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded[name]) return;
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&Halide::load_plugin), &info) || !info.dli_fname) {
+    throw BackendError("jit: cannot locate libHalide.so to find the autoscheduler plugins");
+  }
+  std::string lower = name;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(ch));
+  const auto path = std::filesystem::path(info.dli_fname).parent_path() / ("libautoschedule_" + lower + ".so");
+  if (!std::filesystem::exists(path)) throw BackendError("jit: autoscheduler plugin missing: " + path.string());
+  Halide::load_plugin(path.string());
+  loaded[name] = true;
+}
+
+// create_callable_from_generator() does not apply an autoscheduler (Halide 21's
+// AbstractGenerator::compile_to_callable skips it), so twins build the pipeline themselves.
+Halide::Callable compile_generator(const Halide::Target& t, const std::string& gen,
+                                   const Halide::GeneratorParamsMap& gp, const std::string& autoscheduler) {
+  if (autoscheduler.empty()) return Halide::create_callable_from_generator(t, gen, gp);
+  load_autoscheduler(autoscheduler);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::map<std::string, std::string> extra = {{"parallelism", std::to_string(cores)}};
+  // Adams2019's default beam search (beam 32) over this pipeline exhausted 8 GB in 45 s on the
+  // 2-core CI machine; a greedy pass (beam 1) is what the twin uses.
+  if (autoscheduler == "Adams2019") extra["beam_size"] = "1";
+  Halide::AutoschedulerParams asp(autoscheduler, extra);
+  auto g = Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
+  g->set_generatorparam_values(gp);
+  Halide::Pipeline p = g->build_pipeline();
+  p.apply_autoscheduler(t, asp);
+  std::vector<Halide::Argument> args;
+  for (const auto& a : g->arginfos()) {
+    if (a.dir != Halide::Internal::ArgInfoDirection::Input) continue;
+    for (const Halide::Parameter& prm : g->input_parameter(a.name)) {
+      args.emplace_back(prm.name(), prm.is_buffer() ? Halide::Argument::InputBuffer : Halide::Argument::InputScalar,
+                        prm.type(), prm.dimensions(), prm.get_argument_estimates());
+    }
+  }
+  return p.compile_to_callable(args, t);
+}
+
+std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Halide::Target target = to_target(req.target);
+  Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
+                                    {"D", std::to_string(req.spec.D)},
+                                    {"page_size", std::to_string(req.spec.page_size)},
+                                    {"block_size", std::to_string(req.spec.block_size)},
+                                    {"qhead", std::to_string(req.spec.qhead)}};
+  for (const auto& [k, v] : req.knobs) fwd[k] = v;
+  Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},
+                                     {"D", std::to_string(req.spec.D)},
+                                     {"qhead", std::to_string(req.spec.qhead)}};
+  for (const char* k : {"vec", "grain", "gpu_rows"}) {
+    if (req.knobs.count(k)) comb[k] = req.knobs.at(k);
+  }
+  if (req.spec.tq) {
+    const Specialization& s = req.spec;
+    for (auto* m : {&fwd, &comb}) {
+      (*m)["est_tq"] = std::to_string(s.tq);
+      (*m)["est_hq"] = std::to_string(s.hq);
+      (*m)["est_hkv"] = std::to_string(s.hkv);
+    }
+    fwd["est_pages"] = std::to_string(s.pages);
+    fwd["est_tiles"] = std::to_string(s.tiles);
+    comb["est_topk"] = std::to_string(s.topk);
+    comb["est_partials"] = std::to_string(s.tiles * s.T);
+  }
+  auto ck = std::make_shared<CompiledKernels>();
+  try {
+    Halide::Callable f = compile_generator(target, "kvouter_forward", fwd, req.autoscheduler);
+    Halide::Callable c = compile_generator(target, "kvouter_combine", comb, req.autoscheduler);
+    ck->kernels.forward = [f](halide_buffer_t* q, halide_buffer_t* k, halide_buffer_t* v, halide_buffer_t* head,
+                              halide_buffer_t* pages, halide_buffer_t* query, halide_buffer_t* limit, float scale,
+                              halide_buffer_t* part) { return f(q, k, v, head, pages, query, limit, scale, part); };
+    ck->kernels.combine = [c](halide_buffer_t* part, halide_buffer_t* pidx, halide_buffer_t* out,
+                              halide_buffer_t* lse) { return c(part, pidx, out, lse); };
+  } catch (const Halide::Error& e) {
+    throw BackendError("jit: compiling schedule '" + req.schedule + "' with knobs {" + join_knobs(req.knobs) +
+                       "} for " + target.to_string() + " failed: " + e.what());
+  }
+  ck->kernels.description = "jit " + req.key();
+  ck->target = target.to_string();
+  ck->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return ck;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::map<std::string, std::shared_future<std::shared_ptr<const CompiledKernels>>> entries;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+class JitBackend final : public Backend {
+ public:
+  JitBackend(const BackendConfig& cfg, std::string autoscheduler)
+      : schedule_(cfg.schedule), autoscheduler_(std::move(autoscheduler)), knobs_(checked_knobs(cfg.params)),
+        target_(resolve_target(cfg.target)) {}
+  std::string name() const override { return "jit"; }
+  std::string schedule() const override { return schedule_; }
+  std::string target() const override { return target_; }
+  std::map<std::string, std::string> params() const override { return knobs_; }
+  PlanOptions plan_options() const override { return {tile_edges_of(knobs_)}; }
+  Outputs run(const Plan& plan, const Inputs& in) override {
+    Specialization spec = Specialization::of(plan);
+    if (!autoscheduler_.empty()) spec = spec.with_extents(plan);
+    JitRequest req{schedule_, autoscheduler_, knobs_, target_, spec};
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ck = jit_compile(req);
+    // Cache hits cost microseconds; only a real compile is reported as compile time.
+    const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    timing_.compile_ms = waited > 1.0 ? ck->compile_ms : 0.0;
+    try {
+      return run_kernels(ck->kernels, plan, in, &timing_);
+    } catch (const Halide::Error& e) {
+      throw BackendError("jit: running " + ck->kernels.description + " failed: " + e.what());
+    }
+  }
+
+ private:
+  std::string schedule_, autoscheduler_;
+  std::map<std::string, std::string> knobs_;
+  std::string target_;
+};
+
+}  // namespace
+
+std::string JitRequest::key() const {
+  return schedule + "|" + autoscheduler + "|" + join_knobs(knobs) + "|" + target + "|" + spec.str();
+}
+
+std::string resolve_target(const std::string& target) { return to_target(target).to_string(); }
+
+std::shared_ptr<const CompiledKernels> jit_compile(const JitRequest& req) {
+  Cache& c = cache();
+  const std::string key = req.key();
+  std::promise<std::shared_ptr<const CompiledKernels>> promise;
+  std::shared_future<std::shared_ptr<const CompiledKernels>> fut;
+  bool owner = false;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.entries.find(key);
+    if (it == c.entries.end()) {
+      fut = promise.get_future().share();
+      c.entries.emplace(key, fut);
+      owner = true;
+    } else {
+      fut = it->second;
+    }
+  }
+  if (owner) {
+    try {
+      promise.set_value(compile(req));
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        c.entries.erase(key);  // a failed compile is not cached: the next request retries
+      }
+      promise.set_exception(std::current_exception());
+    }
+  }
+  return fut.get();
+}
+
+size_t jit_cache_size() {
+  std::lock_guard<std::mutex> lock(cache().mu);
+  return cache().entries.size();
+}
+
+std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::string& autoscheduler) {
+  return std::make_unique<JitBackend>(cfg, autoscheduler);
+}
+
+}  // namespace kvouter::halide

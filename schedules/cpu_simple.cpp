@@ -1,0 +1,44 @@
+// cpu_simple: the plain schedule. Parallel over tiles; inside a tile, each stage is computed per
+// chunk and vectorised over its innermost dimension (positions for scores, D for P.V).
+// Measured (experiments/results/cpu_bench.json, see README): the straightforward Halide baseline.
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+
+using namespace Halide;
+
+void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
+  f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  f.chunk_out.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  if (!f.single_chunk) {
+    f.mx.compute_at(f.out, f.tile);
+    f.acc.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+    f.acc.update().reorder(f.ch, f.rc.x, f.row).vectorize(f.ch, k.vec, guard);
+  }
+  f.kf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+  f.vf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+  f.s.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
+  f.s.update().reorder(f.p, f.rd.x, f.row).vectorize(f.p, k.vec, guard);
+  f.cmax.compute_at(f.chunk_out, f.c);
+  f.pexp.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
+  f.csum.compute_at(f.chunk_out, f.c);
+  f.cpv.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+  f.cpv.update().reorder(f.d, f.rp.x, f.row).vectorize(f.d, k.vec, guard);
+}
+
+void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  f.out.compute_root().parallel(f.t, 8, guard).vectorize(f.d, k.vec, guard);
+  // The (max m, sum w*l) statistics feed both outputs, so they are computed once, at root.
+  f.mmax.compute_root().parallel(f.t, 64, guard);
+  f.mmax.update().parallel(f.t, 64, guard);
+  f.lsum.compute_root().parallel(f.t, 64, guard);
+  f.lsum.update().parallel(f.t, 64, guard);
+  f.osum.compute_at(f.out, f.t).vectorize(f.d, k.vec, guard);
+  f.osum.update().reorder(f.d, f.rk.x, f.j).vectorize(f.d, k.vec, guard);
+  f.lse.compute_root().parallel(f.t, 64, guard);
+}
+
+}  // namespace kvouter::pipeline

@@ -1,0 +1,66 @@
+// cpu_tiled: the tile as two small matrix products per chunk, register-blocked.
+//   - parallel over tiles (knob grain);
+//   - per chunk, the K chunk is staged once, transposed (positions innermost), so that
+//     S = Q_tile . K_chunk^T vectorises over positions; V is staged as is, so that
+//     O += P . V_chunk vectorises over D;
+//   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
+//     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
+//     accumulators stay in registers.
+// Shape chosen after the prototype: 64 positions x 4 rows per register tile with the D
+// reduction outermost. Measured figure: see the schedule table in README.md
+// (experiments/results/cpu_bench.json, this machine: 2 cores AVX-512, target host).
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+
+using namespace Halide;
+
+void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  Var po("po"), pi("pi"), ro("ro"), ri("ri"), pu("pu"), pv("pv"), dO("dO"), di("di");
+  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
+  f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  f.chunk_out.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  if (!f.single_chunk) {
+    f.mx.compute_at(f.out, f.tile);
+    f.acc.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+    f.acc.update().reorder(f.ch, f.rc.x, f.row).vectorize(f.ch, k.vec, guard);
+  }
+  // K chunk transposed: positions innermost.
+  f.kf.compute_at(f.chunk_out, f.c).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
+  f.vf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+
+  // Scores: register tiles of (unroll*vec positions) x rows.
+  const int pw = k.vec * k.unroll;
+  Func sw = f.s.in();
+  sw.compute_at(f.chunk_out, f.c)
+      .tile(f.p, f.row, po, ro, pi, ri, pw, k.rows, TailStrategy::GuardWithIf)
+      .vectorize(pi, k.vec)
+      .unroll(ri);
+  f.s.compute_at(sw, po).vectorize(f.p, k.vec).unroll(f.p).unroll(f.row);
+  f.s.update()
+      .split(f.p, pu, pv, k.vec)
+      .reorder(pv, pu, f.row, f.rd.x)
+      .vectorize(pv)
+      .unroll(pu)
+      .unroll(f.row);
+  f.cmax.compute_at(f.chunk_out, f.c);
+  f.pexp.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
+  f.csum.compute_at(f.chunk_out, f.c);
+
+  // P.V: register tiles of (unroll*vec of D) x rows.
+  Func cw = f.cpv.in();
+  cw.compute_at(f.chunk_out, f.c)
+      .tile(f.d, f.row, dO, ro, di, ri, pw, k.rows, TailStrategy::GuardWithIf)
+      .vectorize(di, k.vec)
+      .unroll(ri);
+  f.cpv.compute_at(cw, dO).vectorize(f.d, k.vec).unroll(f.d).unroll(f.row);
+  f.cpv.update()
+      .split(f.d, pu, pv, k.vec)
+      .reorder(pv, pu, f.row, f.rp.x)
+      .vectorize(pv)
+      .unroll(pu)
+      .unroll(f.row);
+}
+
+}  // namespace kvouter::pipeline

@@ -1,0 +1,29 @@
+// One line per schedule. A manual schedule names its functions; an autoscheduled twin names the
+// autoscheduler (the generator then leaves scheduling to it).
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+
+const std::vector<ScheduleInfo>& all_schedules() {
+  static const std::vector<ScheduleInfo> list = {
+      {"cpu_simple", "cpu", cpu_simple_forward, cpu_simple_combine, "",
+       "plain: vectorised over the innermost dimension, parallel over tiles"},
+      {"cpu_tiled", "cpu", cpu_tiled_forward, cpu_simple_combine, "",
+       "per tile: K chunk staged transposed once, register-blocked Q.K^T and P.V"},
+      {"cpu_rowstream", "cpu", cpu_rowstream_forward, cpu_simple_combine, "",
+       "per tile: K/V chunk staged once, rows streamed in register blocks (scores never stored)"},
+      {"auto_adams2019", "cpu", nullptr, nullptr, "Adams2019", "Adams2019 autoscheduler twin"},
+      {"auto_mullapudi2016", "cpu", nullptr, nullptr, "Mullapudi2016", "Mullapudi2016 autoscheduler twin"},
+      {"auto_li2018", "cpu", nullptr, nullptr, "Li2018", "Li2018 autoscheduler twin"},
+  };
+  return list;
+}
+
+const ScheduleInfo* find_schedule(const std::string& name) {
+  for (const auto& s : all_schedules()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace kvouter::pipeline

@@ -1,0 +1,30 @@
+// The registry of named schedules. Adding a schedule is one new file in schedules/ plus one line in
+// schedules/registry.cpp; it then shows up in the CLI, the tests, the benchmarks and the sweeps.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kvouter_funcs.h"
+
+namespace kvouter::pipeline {
+
+struct ScheduleInfo {
+  std::string name;
+  std::string device;           // "cpu" or "vulkan"
+  ForwardSchedule forward;      // nullptr for autoscheduled twins
+  CombineSchedule combine;
+  std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
+  std::string summary;
+};
+
+const std::vector<ScheduleInfo>& all_schedules();
+const ScheduleInfo* find_schedule(const std::string& name);
+
+// Per-file entry points (one pair per schedule file).
+void cpu_simple_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
+void cpu_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void cpu_rowstream_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+
+}  // namespace kvouter::pipeline

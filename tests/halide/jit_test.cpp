@@ -1,0 +1,165 @@
+// The Halide pipelines through the JIT: every registered schedule (manual and autoscheduled twins)
+// against the float64 Eigen oracle on every case kind; knob variations; bitwise determinism; the
+// JIT cache under concurrent use; errors that name the schedule and knobs.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "case_kinds.h"
+#include "cli_util.h"
+#include "dense_eigen.h"
+#include "kvouter/errors.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "schedules.h"
+
+namespace kvouter {
+namespace {
+
+std::unique_ptr<Backend> jit(const std::string& schedule, std::map<std::string, std::string> knobs = {},
+                             const std::string& target = "host") {
+  experiments::register_all_backends();
+  return BackendRegistry::instance().make({"jit", schedule, std::move(knobs), target});
+}
+
+void expect_matches_oracle(Backend& backend, const Inputs& in, const std::string& what) {
+  const Plan plan = make_plan(in, backend.plan_options());
+  const Outputs ref = reference::dense_attention<double>(in, plan.problem);
+  const Outputs got = backend.run(plan, in);
+  const auto err = experiments::compare_outputs(got, ref);
+  EXPECT_TRUE(err.ok()) << what << ": max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+}
+
+std::vector<std::string> cpu_schedules() {
+  std::vector<std::string> names;
+  for (const auto& s : pipeline::all_schedules()) {
+    if (s.device == "cpu") names.push_back(s.name);
+  }
+  return names;
+}
+
+using Param = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>>;
+class JitScheduleTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(JitScheduleTest, MatchesOracle) {
+  const auto& [schedule, kind] = GetParam();
+  auto backend = jit(schedule);
+  expect_matches_oracle(*backend, experiments::make_case(kind.second), schedule + " on " + kind.first);
+}
+
+INSTANTIATE_TEST_SUITE_P(ScheduleXKind, JitScheduleTest,
+                         ::testing::Combine(::testing::ValuesIn(cpu_schedules()),
+                                            ::testing::ValuesIn(testing::case_kinds())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
+                         });
+
+// Knobs change the schedule, never the result: small tiles, multi-chunk blocks, odd register tiles.
+class JitKnobTest : public ::testing::TestWithParam<std::map<std::string, std::string>> {};
+
+TEST_P(JitKnobTest, ManualSchedulesMatchOracle) {
+  for (const char* schedule : {"cpu_simple", "cpu_tiled", "cpu_rowstream"}) {
+    auto backend = jit(schedule, GetParam());
+    for (const auto& [name, spec] : testing::case_kinds()) {
+      if (name != "d72_block256_len232" && name != "gqa_causal_long_kv" && name != "empty_rows" && name != "tiny") continue;
+      expect_matches_oracle(*backend, experiments::make_case(spec), std::string(schedule) + " on " + name);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Knobs, JitKnobTest,
+                         ::testing::Values(std::map<std::string, std::string>{{"T", "5"}, {"chunk", "16"}},
+                                           std::map<std::string, std::string>{{"rows", "3"}, {"unroll", "2"}, {"vec", "8"}},
+                                           std::map<std::string, std::string>{{"T", "1"}, {"grain", "3"}, {"chunk", "48"}}));
+
+TEST(Jit, BitwiseDeterministic) {
+  auto backend = jit("cpu_tiled");
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Plan plan = make_plan(in, backend->plan_options());
+  const Outputs a = backend->run(plan, in), b = backend->run(plan, in);
+  EXPECT_EQ(0, std::memcmp(a.out.ptr(), b.out.ptr(), a.out.data.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.lse.ptr(), b.lse.ptr(), a.lse.data.size() * sizeof(float)));
+}
+
+TEST(Jit, CompileTimeReportedApartAndCached) {
+  auto backend = jit("cpu_simple", {{"T", "7"}});
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Plan plan = make_plan(in, backend->plan_options());
+  backend->run(plan, in);
+  EXPECT_GT(backend->last_timing().compile_ms, 0.0);
+  const size_t entries = halide::jit_cache_size();
+  backend->run(plan, in);
+  EXPECT_EQ(backend->last_timing().compile_ms, 0.0);
+  EXPECT_EQ(halide::jit_cache_size(), entries);
+}
+
+TEST(Jit, ConcurrentRunsShareOneCompile) {
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  auto first = jit("cpu_rowstream", {{"T", "9"}});
+  const Plan plan = make_plan(in, first->plan_options());
+  const Outputs ref = reference::dense_attention<double>(in, plan.problem);
+  const size_t before = halide::jit_cache_size();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&] {
+      auto b = jit("cpu_rowstream", {{"T", "9"}});
+      for (int r = 0; r < 3; ++r) ok += experiments::compare_outputs(b->run(plan, in), ref).ok();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 18);
+  EXPECT_EQ(halide::jit_cache_size(), before + 1);
+}
+
+TEST(Jit, ErrorsNameScheduleAndKnobs) {
+  EXPECT_THROW(jit("no_such_schedule"), BackendError);
+  try {
+    jit("cpu_tiled", {{"tile", "3"}});
+    FAIL();
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("tile"), std::string::npos);
+  }
+  try {
+    jit("cpu_tiled", {{"vec", "zero"}});
+    FAIL();
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("vec"), std::string::npos);
+  }
+  EXPECT_THROW(jit("cpu_tiled", {}, "not-a-target"), BackendError);
+  // A knob value that Halide rejects at compile time: the error names schedule and knobs.
+  auto backend = jit("cpu_tiled", {{"vec", "3"}, {"unroll", "4000"}});
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Plan plan = make_plan(in, backend->plan_options());
+  try {
+    backend->run(plan, in);
+    SUCCEED() << "Halide accepted the odd knobs";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu_tiled"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unroll=4000"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Jit, EmptyQueryAndAllEmptyRows) {
+  auto backend = jit("cpu_tiled");
+  experiments::CaseSpec s;
+  s.qo = {0, 0};
+  s.kv = {16, 8};
+  Inputs in = experiments::make_case(s);
+  Plan plan = make_plan(in, backend->plan_options());
+  Outputs o = backend->run(plan, in);
+  EXPECT_EQ(o.out.shape, (std::vector<int64_t>{0, 4, 16}));
+  s.qo = {3, 2};
+  in = experiments::make_case(s);
+  std::fill(in.selected.data.begin(), in.selected.data.end(), -1);
+  plan = make_plan(in, backend->plan_options());
+  ASSERT_EQ(plan.tiles.num_tiles, 0);
+  o = backend->run(plan, in);
+  for (float x : o.out.data) EXPECT_EQ(x, 0.f);
+  for (float x : o.lse.data) EXPECT_TRUE(std::isinf(x) && x < 0);
+}
+
+}  // namespace
+}  // namespace kvouter
