@@ -7,7 +7,12 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <thread>
+
 #include "../reference/dense_eigen.h"
+#include "kvouter/halide_kernels.h"
+#include "schedules.h"
 #include "case_gen.h"
 #include "cli_util.h"
 #include "kvouter/case_io.h"
@@ -49,7 +54,9 @@ void main_help() {
                "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
                "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
-               "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n\n";
+               "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n"
+               "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
+               "      AOT-generate one configuration (generic, or specialised to a case's shape)\n\n";
   print_backends(std::cout);
 }
 
@@ -176,6 +183,69 @@ int cmd_demo(const std::vector<std::string>& args) {
   return all_ok ? 0 : 1;
 }
 
+// AOT-generates one configuration (e.g. a tuned one) for a target: a static library, its header,
+// the .stmt and the schedule, through the same registered Generators the build uses.
+int cmd_export(const std::vector<std::string>& a) {
+  std::string schedule = kx::default_cpu_schedule(), target = "host", out, name, from_case;
+  std::map<std::string, std::string> params;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+      return a[++i];
+    };
+    if (a[i] == "--schedule") schedule = value();
+    else if (a[i] == "--target") target = value();
+    else if (a[i] == "--out") out = value();
+    else if (a[i] == "--name") name = value();
+    else if (a[i] == "--from-case") from_case = value();
+    else if (a[i] == "--param") {
+      const std::string kv = value();
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
+      params[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else {
+      throw UsageError("export: unknown argument '" + a[i] + "'");
+    }
+  }
+  if (out.empty()) throw UsageError("export: expected --out DIR");
+  const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
+  if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");
+  auto knobs = halide::checked_knobs(params);
+  halide::Specialization spec;  // generic unless a case fixes the shape
+  if (!from_case.empty()) {
+    Inputs in = load_case(from_case);
+    spec = halide::Specialization::of(make_plan(in, {halide::tile_edges_of(knobs)}));
+  }
+  if (name.empty()) {
+    name = "kvouter_" + schedule + (spec.D ? "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) +
+                                                 "_b" + std::to_string(spec.block_size) + "_q" +
+                                                 std::to_string(spec.qhead) + "_t" + std::to_string(spec.T)
+                                           : std::string("_generic"));
+  }
+  std::filesystem::create_directories(out);
+  std::string autos;
+  if (!info->autoscheduler.empty()) {
+    std::string lower = info->autoscheduler;
+    for (auto& ch : lower) ch = static_cast<char>(std::tolower(ch));
+    autos = std::string(" -p ") + KVOUTER_HALIDE_LIBDIR + "/libautoschedule_" + lower + ".so autoscheduler=" +
+            info->autoscheduler + " autoscheduler.parallelism=" + std::to_string(std::thread::hardware_concurrency());
+  }
+  auto gen = [&](const std::string& generator, const std::string& fn, const std::string& extra) {
+    const std::string cmd = std::string(KVOUTER_GENERATOR_PATH) + " -g " + generator + " -f " + fn + " -o " + out +
+                            " -e static_library,c_header,stmt,schedule target=" + target + " schedule=" + schedule +
+                            " D=" + std::to_string(spec.D) + " qhead=" + std::to_string(spec.qhead) + extra + autos;
+    std::printf("%s\n", cmd.c_str());
+    if (std::system(cmd.c_str()) != 0) throw BackendError("export: the generator failed for " + fn);
+  };
+  std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size);
+  for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
+  gen("kvouter_forward", name + "_fwd", fwd_extra);
+  gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain"));
+  std::printf("exported %s_fwd and %s_comb (static library, header, .stmt, schedule) to %s\n", name.c_str(),
+              name.c_str(), out.c_str());
+  return 0;
+}
+
 int cmd_make_case(const std::vector<std::string>& args) {
   if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
   save_case(args[1], kx::make_case(kx::named_shape(args[0])));
@@ -208,6 +278,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "make-case") return cmd_make_case(args);
+    if (cmd == "export") return cmd_export(args);
     throw UsageError("unknown command '" + cmd + "' (see kvouter --help)");
   } catch (const UsageError& e) {
     std::cerr << "kvouter: usage error: " << e.what() << std::endl;

@@ -1,9 +1,13 @@
 #include "registry.h"
 
+#include <algorithm>
+
 #include "../reference/dense_eigen.h"
 #include "../reference/direct.h"
 #include "kvouter/backend.h"
 #include "kvouter/errors.h"
+#include "kvouter/aot.h"
+#include "kvouter/aot_kernels.h"
 #include "kvouter/jit.h"
 #include "schedules.h"
 
@@ -33,6 +37,27 @@ void register_all_backends() {
              throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
            }
            return halide::make_jit_backend(c, info->autoscheduler);
+         }});
+  halide::register_generated_aot_kernels();
+  r.add({"aot", "Halide pipelines generated at build time (no compiler at run time)",
+         [] {
+           std::vector<std::string> names;
+           for (const auto& v : halide::aot_variants()) {
+             if (std::find(names.begin(), names.end(), v.schedule) == names.end()) names.push_back(v.schedule);
+           }
+           return names;
+         },
+         [] {
+           std::vector<std::string> targets;
+           for (const auto& v : halide::aot_variants()) {
+             if (std::find(targets.begin(), targets.end(), v.target) == targets.end()) targets.push_back(v.target);
+           }
+           return targets;
+         },
+         [](const BackendConfig& cfg) {
+           BackendConfig c = cfg;
+           if (c.schedule.empty()) c.schedule = default_cpu_schedule();
+           return halide::make_aot_backend(c);
          }});
 }
 

@@ -71,5 +71,13 @@ with tempfile.TemporaryDirectory() as tmp:
            "json wrong type", "block_size")
     broken(lambda d: open(os.path.join(d, "v_pages.npy"), "wb").write(b"garbage"), "garbage npy", "v_pages")
 
+with tempfile.TemporaryDirectory() as tmp:
+    r = run("export", "--out", tmp, "--schedule", "cpu_simple", "--param", "chunk=32")
+    names = sorted(os.listdir(tmp))
+    expect(r.returncode == 0 and all(any(n.endswith(sfx) for n in names) for sfx in
+           ["_fwd.a", "_fwd.h", "_fwd.stmt", "_comb.a", "_comb.h", "_comb.stmt"]), f"export writes library, header, stmt: {names}")
+    r = run("export", "--out", tmp, "--schedule", "nope")
+    expect(r.returncode == 2 and "schedule" in r.stderr, "export of an unknown schedule exits 2")
+
 print(f"{checks[0] - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -1,0 +1,42 @@
+// The AOT kernel registry: kernels generated at build time (CMake's add_halide_library, one per
+// configuration) register here, and the 'aot' backend dispatches to them with no compiler at run
+// time. Generic variants (no shape specialisation) serve every valid input; specialised ones are
+// preferred where they match.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvouter/backend.h"
+#include "kvouter/halide_kernels.h"
+
+namespace kvouter::halide {
+
+using AotForwardFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
+                             halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, halide_buffer_t*);
+using AotCombineFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
+
+struct AotVariant {
+  std::string name;      // e.g. kvouter_cpu_tiled_d128_p16_b64_q8_t16
+  std::string schedule;  // registry name of the schedule
+  std::string target;    // the target it was generated for ("host" = the build machine)
+  Specialization spec;   // zeros = generic
+  std::string knobs;     // "k=v,..." as generated (the knobs not in spec)
+  AotForwardFn forward;
+  AotCombineFn combine;
+};
+
+void aot_register(const AotVariant& v);
+// Where the last Halide runtime error message of this thread can be read (set by the generated
+// registry, which owns the Halide runtime's error handler).
+void set_aot_error_source(std::string (*source)());
+const std::vector<AotVariant>& aot_variants();
+
+// Best variant for (schedule, target, plan): an exact specialisation, else the generic one.
+// Throws BackendError listing what exists when none fits.
+const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan);
+
+std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg);
+
+}  // namespace kvouter::halide

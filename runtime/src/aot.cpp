@@ -1,0 +1,92 @@
+#include "kvouter/aot.h"
+
+#include <mutex>
+
+#include "kvouter/errors.h"
+
+namespace kvouter::halide {
+
+namespace {
+
+std::string (*error_source)() = nullptr;
+
+std::vector<AotVariant>& variants() {
+  static std::vector<AotVariant> v;
+  return v;
+}
+
+bool spec_matches(const Specialization& variant, const Specialization& need) {
+  auto ok = [](int v, int n) { return v == 0 || v == n; };
+  return ok(variant.D, need.D) && ok(variant.page_size, need.page_size) && ok(variant.block_size, need.block_size) &&
+         ok(variant.qhead, need.qhead) && ok(variant.T, need.T);
+}
+
+int specificity(const Specialization& s) {
+  return (s.D != 0) + (s.page_size != 0) + (s.block_size != 0) + (s.qhead != 0) + (s.T != 0);
+}
+
+class AotBackend final : public Backend {
+ public:
+  explicit AotBackend(const BackendConfig& cfg) : schedule_(cfg.schedule), target_(cfg.target.empty() ? "host" : cfg.target) {
+    for (const auto& [k, v] : cfg.params) {
+      if (k != "T") throw BackendError("--param " + k + ": the aot backend runs generated variants; only T (the plan's tile size) may be set, other knobs need `kvouter export`");
+      (void)v;
+    }
+    knobs_ = checked_knobs(cfg.params);
+    bool any = false;
+    for (const auto& v : aot_variants()) any |= v.schedule == schedule_ && v.target == target_;
+    if (!any) {
+      std::string have;
+      for (const auto& v : aot_variants()) have += (have.empty() ? "" : ", ") + v.schedule + "@" + v.target;
+      throw BackendError("aot: no generated kernel for schedule '" + schedule_ + "' and target '" + target_ + "' (have: " + have + ")");
+    }
+  }
+  std::string name() const override { return "aot"; }
+  std::string schedule() const override { return schedule_; }
+  std::string target() const override { return target_; }
+  std::map<std::string, std::string> params() const override {
+    return {{"T", knobs_.at("T")}, {"variant", last_variant_}};
+  }
+  PlanOptions plan_options() const override { return {tile_edges_of(knobs_)}; }
+  Outputs run(const Plan& plan, const Inputs& in) override {
+    const AotVariant& v = aot_select(schedule_, target_, plan);
+    last_variant_ = v.name;
+    Kernels k{v.forward, v.combine, "aot " + v.name};
+    timing_.compile_ms = 0;
+    try {
+      return run_kernels(k, plan, in, &timing_);
+    } catch (const BackendError& e) {
+      throw BackendError(std::string(e.what()) + (error_source ? ": " + error_source() : std::string()));
+    }
+  }
+
+ private:
+  std::string schedule_, target_;
+  std::map<std::string, std::string> knobs_;
+  std::string last_variant_ = "-";
+};
+
+}  // namespace
+
+void aot_register(const AotVariant& v) { variants().push_back(v); }
+
+void set_aot_error_source(std::string (*source)()) { error_source = source; }
+
+const std::vector<AotVariant>& aot_variants() { return variants(); }
+
+const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan) {
+  const Specialization need = Specialization::of(plan);
+  const AotVariant* best = nullptr;
+  for (const auto& v : variants()) {
+    if (v.schedule != schedule || v.target != target || !spec_matches(v.spec, need)) continue;
+    if (!best || specificity(v.spec) > specificity(best->spec)) best = &v;
+  }
+  if (!best) {
+    throw BackendError("aot: no generated variant of '" + schedule + "' for target '" + target + "' fits " + need.str());
+  }
+  return *best;
+}
+
+std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg) { return std::make_unique<AotBackend>(cfg); }
+
+}  // namespace kvouter::halide

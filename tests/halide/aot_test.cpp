@@ -1,0 +1,95 @@
+// The same pipelines through the AOT registry (kernels generated at build time): every generated
+// manual schedule against the float64 oracle on every case kind (generic variants serve shapes no
+// specialisation matches), the autoscheduled twins on the shape they were generated for, variant
+// selection, and agreement with the JIT.
+#include <gtest/gtest.h>
+
+#include "case_kinds.h"
+#include "cli_util.h"
+#include "dense_eigen.h"
+#include "kvouter/aot.h"
+#include "kvouter/errors.h"
+#include "registry.h"
+
+namespace kvouter {
+namespace {
+
+std::unique_ptr<Backend> make(const std::string& backend, const std::string& schedule) {
+  experiments::register_all_backends();
+  return BackendRegistry::instance().make({backend, schedule, {}, ""});
+}
+
+std::vector<std::string> manual_aot_schedules() {
+  experiments::register_all_backends();
+  std::vector<std::string> names;
+  for (const auto& v : halide::aot_variants()) {
+    if (v.schedule.rfind("auto_", 0) != 0 && std::find(names.begin(), names.end(), v.schedule) == names.end()) {
+      names.push_back(v.schedule);
+    }
+  }
+  return names;
+}
+
+using Param = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>>;
+class AotScheduleTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AotScheduleTest, MatchesOracle) {
+  const auto& [schedule, kind] = GetParam();
+  auto backend = make("aot", schedule);
+  Inputs in = experiments::make_case(kind.second);
+  const Plan plan = make_plan(in, backend->plan_options());
+  const auto err = experiments::compare_outputs(backend->run(plan, in),
+                                                reference::dense_attention<double>(in, plan.problem));
+  EXPECT_TRUE(err.ok()) << schedule << " on " << kind.first << " (variant " << backend->params().at("variant")
+                        << "): max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+}
+
+INSTANTIATE_TEST_SUITE_P(ScheduleXKind, AotScheduleTest,
+                         ::testing::Combine(::testing::ValuesIn(manual_aot_schedules()),
+                                            ::testing::ValuesIn(testing::case_kinds())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
+                         });
+
+TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
+  auto backend = make("aot", "cpu_tiled");
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  backend->run(make_plan(in, backend->plan_options()), in);
+  EXPECT_EQ(backend->params().at("variant"), "kvouter_cpu_tiled_d128_p16_b32_q2_t16");
+  in = experiments::make_case(testing::case_kinds()[0].second);
+  backend->run(make_plan(in, backend->plan_options()), in);
+  EXPECT_EQ(backend->params().at("variant"), "kvouter_cpu_tiled_generic");
+}
+
+TEST(Aot, AutoscheduledTwinsOnTheirShape) {
+  // The twins are generated for the prefill specialisation (D 128, page 16, block 64, qhead 8, T 16).
+  Inputs in = experiments::make_case(experiments::named_shape("prefill"));
+  const Outputs ref = reference::dense_attention<double>(in, validate(in));
+  for (const char* twin : {"auto_mullapudi2016", "auto_li2018", "auto_adams2019"}) {
+    auto backend = make("aot", twin);
+    const Plan plan = make_plan(in, backend->plan_options());
+    const auto err = experiments::compare_outputs(backend->run(plan, in), ref);
+    EXPECT_TRUE(err.ok()) << twin << ": " << err.max_out_err;
+  }
+  // Elsewhere there is no variant, and the error says so.
+  auto backend = make("aot", "auto_li2018");
+  Inputs small = experiments::make_case(testing::case_kinds()[0].second);
+  EXPECT_THROW(backend->run(make_plan(small, backend->plan_options()), small), BackendError);
+}
+
+TEST(Aot, AgreesWithJit) {
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  auto aot = make("aot", "cpu_tiled"), jit = make("jit", "cpu_tiled");
+  const Plan plan = make_plan(in, aot->plan_options());
+  const auto err = experiments::compare_outputs(aot->run(plan, in), jit->run(plan, in));
+  EXPECT_TRUE(err.ok()) << err.max_out_err;
+}
+
+TEST(Aot, UnknownScheduleOrKnobIsAClearError) {
+  EXPECT_THROW(make("aot", "cpu_nonexistent"), BackendError);
+  experiments::register_all_backends();
+  EXPECT_THROW(BackendRegistry::instance().make({"aot", "cpu_tiled", {{"chunk", "32"}}, ""}), BackendError);
+}
+
+}  // namespace
+}  // namespace kvouter
