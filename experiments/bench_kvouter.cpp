@@ -5,6 +5,7 @@
 // in the same process, and the forward / combine split.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -58,7 +59,13 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
     return;
   }
   Plan plan = make_plan(data.in, backend->plan_options());
-  Outputs out = backend->run(plan, data.in);  // warm-up (and JIT compile), then check
+  Outputs out;
+  try {
+    out = backend->run(plan, data.in);  // warm-up (and JIT compile), then check
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
   const auto err = kx::compare_outputs(out, data.ref);
   if (!err.ok()) {
     state.SkipWithError(("wrong result: max|err| " + std::to_string(err.max_out_err)).c_str());
@@ -81,6 +88,11 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   state.counters["plan_ms"] = plan.plan_ms;
   state.counters["compile_ms"] = backend->last_timing().compile_ms;
   state.counters["kv_GB/s"] = plan.kv_unit_bytes() / secs / 1e9;
+  // Roofline bound of the shape: the larger of compute at peak and the compulsory traffic (each
+  // selected K/V block once, q read, out written) at the measured read bandwidth.
+  const double bytes = plan.kv_unit_bytes() + 2.0 * data.in.q.numel() * sizeof(float);
+  const double bound_s = std::max(plan.flops() / (roofline().fma_gflops * 1e9), bytes / (roofline().read_gbps * 1e9));
+  state.counters["pct_roofline"] = 100.0 * bound_s / secs;
   state.counters["max_err"] = err.max_out_err;
   if (cfg.backend == "direct") direct_seconds()[shape] = secs;
   const auto it = direct_seconds().find(shape);

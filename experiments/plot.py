@@ -146,7 +146,7 @@ class Results:
         if self.synthetic:
             lines.append("note: SYNTHETIC fixture data (made up for tests, not measured)")
         if not self.loaded:
-            lines.append("no result files found")
+            lines.append("no results loaded")
         return "\n".join(lines)
 
 
@@ -186,9 +186,9 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> Results:
 def _load_file(path: Path, res: Results) -> None:
     text = path.read_text()
     try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
+        whole, whole_error = json.loads(text), None  # Python's json takes the NaN benchmarks write
+    except json.JSONDecodeError as e:
+        whole, whole_error = None, e
     if isinstance(whole, dict) and isinstance(whole.get("benchmarks"), list):
         n = _load_gbench(whole, str(path), res)
         res.loaded.append((str(path), "Google Benchmark", n))
@@ -198,14 +198,20 @@ def _load_file(path: Path, res: Results) -> None:
     elif isinstance(whole, list):
         records = list(enumerate(whole, 1))
     else:  # JSONL
-        records = []
+        records, bad = [], []
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 records.append((lineno, json.loads(line)))
             except json.JSONDecodeError as e:
-                res.notes.append(f"{path}:{lineno}: not JSON ({e.msg}), skipped")
+                bad.append(f"line {lineno}: {e.msg}")
+        if bad and not records:  # one document that does not parse, e.g. a benchmark still writing it
+            res.notes.append(f"{path}: not valid JSON ({whole_error.msg} at line {whole_error.lineno}; "
+                             "truncated, or still being written?), skipped")
+            return
+        if bad:
+            res.notes.append(f"{path}: {len(bad)} line(s) not JSON, skipped (first: {bad[0]})")
     counts: dict[str, int] = {}
     for lineno, rec in records:
         kind = _record_kind(rec)
@@ -252,6 +258,8 @@ def _opt_float(v) -> float | None:
 
 def _sweep_measurement(rec: dict, file: str) -> Measurement:
     t = rec["time_ms"]
+    if _opt_float(t["median"]) is None:
+        raise ValueError("time_ms.median (not a finite number)")
     shape = rec.get("shape") or {}
     return Measurement(
         source="sweep", file=file, backend=str(rec["backend"]), schedule=str(rec.get("schedule", "")),
@@ -290,17 +298,19 @@ def _load_gbench(doc: dict, file: str, res: Results) -> int:
     peak, read = _opt_float(ctx.get("fp32_peak_gflops")), _opt_float(ctx.get("read_gbps"))
     synthetic = str(ctx.get("synthetic", "")).lower() in ("true", "1")
     runs: dict[str, dict] = {}  # run name -> {"iterations": [...], aggregate name: entry}
+    errors: dict[str, str] = {}   # run name -> message (every repetition repeats it)
     for b in doc["benchmarks"]:
         name = b.get("run_name") or _GBENCH_AGGREGATE_SUFFIX.sub("", b.get("name", ""))
         if b.get("error_occurred") or b.get("skipped"):
-            res.notes.append(f"{file}: {name}: benchmark reported an error "
-                             f"({b.get('error_message', 'no message')}), skipped")
+            errors.setdefault(name, b.get("error_message") or b.get("skip_message") or "no message")
             continue
         run = runs.setdefault(name, {"iterations": []})
         if b.get("run_type") == "aggregate":
             run[b.get("aggregate_name", "")] = b
         else:
             run["iterations"].append(b)
+    for name, why in errors.items():
+        res.notes.append(f"{file}: {name}: benchmark reported an error ({why}), skipped")
     n = 0
     for name, run in runs.items():
         its = run["iterations"]
@@ -320,7 +330,8 @@ def _load_gbench(doc: dict, file: str, res: Results) -> int:
         else:
             continue  # only mean/stddev/cv: nothing robust to plot
         backend, schedule, shape = parse_benchmark_name(name)
-        counters = {k: v for k, v in main.items() if k not in _GBENCH_FIELDS and isinstance(v, (int, float))}
+        counters = {k: v for k, v in main.items()
+                    if k not in _GBENCH_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool)}
         res.measurements.append(Measurement(
             source="gbench", file=file, backend=backend, schedule=schedule, shape_name=shape, shape=None,
             knobs={}, target=str(ctx.get("target", "")), machine=str(ctx.get("host_name", "")),
@@ -407,7 +418,8 @@ def speedup_rows(res: Results) -> list[dict]:
         rows.append({"shape": m.shape_label, "family": m.shape_name, "series": m.series, "knobs": m.knobs_text,
                      "sparsity": m.sparsity, "time_ms": m.median_ms, "dense_ms": d.median_ms,
                      "speedup": d.median_ms / m.median_ms})
-    return sorted(rows, key=lambda r: (r["family"], r["series"], r["sparsity"] or 0.0))
+    families = list(dict.fromkeys(m.shape_name for m in ok))
+    return sorted(rows, key=lambda r: (families.index(r["family"]), r["series"], r["sparsity"] or 0.0))
 
 
 def schedule_rows(res: Results) -> list[dict]:
@@ -509,7 +521,7 @@ def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
     numeric = [all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) for c in columns]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     fmt = lambda vals: "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric))
-    return "\n".join([fmt(columns), "  ".join("-" * w for w in widths)] + [fmt(r).rstrip() for r in cells])
+    return "\n".join([fmt(columns).rstrip(), "  ".join("-" * w for w in widths)] + [fmt(r).rstrip() for r in cells])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,8 +537,10 @@ def _colors(series: Iterable[str]) -> dict[str, tuple]:
     return {s: cmap(bases.index(s.removesuffix(BENCH_MARK)) % cmap.N) for s in series}
 
 
-def _hatch(s: str) -> str | None:
-    return "///" if s.endswith(BENCH_MARK) else None
+def _hatch(s: str, series: Iterable[str]) -> str | None:
+    """Benchmark bars are hatched where they stand beside sweep bars (alone, they need no marking)."""
+    mixed = len({x.endswith(BENCH_MARK) for x in series}) > 1
+    return "///" if mixed and s.endswith(BENCH_MARK) else None
 
 
 def _title(fig: Figure, text: str, res: Results) -> None:
@@ -554,7 +568,7 @@ def _grouped_bars(ax, groups: list[str], series: list[str], values: dict, colors
             lo, hi = (spread or {}).get((g, s), (None, None))
             if lo is not None and hi is not None:
                 yerr = [[max(0.0, v - lo)], [max(0.0, hi - v)]]
-            ax.bar(x, v, 0.85, color=colors[s], hatch=_hatch(s), edgecolor="white", linewidth=0, yerr=yerr,
+            ax.bar(x, v, 0.85, color=colors[s], hatch=_hatch(s, series), edgecolor="white", linewidth=0, yerr=yerr,
                    capsize=2, error_kw={"elinewidth": 0.8})
             if s not in drawn:
                 drawn.append(s)
@@ -568,7 +582,7 @@ def _grouped_bars(ax, groups: list[str], series: list[str], values: dict, colors
 
 
 def _series_legend(ax, drawn: list[str], colors: dict, extra: list | None = None) -> None:
-    handles = [Patch(facecolor=colors[s], hatch=_hatch(s), edgecolor="white", label=s)
+    handles = [Patch(facecolor=colors[s], hatch=_hatch(s, drawn), edgecolor="white", label=s)
                for s in sorted(drawn)] + (extra or [])
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
@@ -582,8 +596,7 @@ def fig_speedup_vs_sparsity(res: Results) -> tuple[Figure | None, str]:
         if not any(m.backend == DENSE_BACKEND for m in sweeps):
             return None, f"no dense rows (backend == '{DENSE_BACKEND}') among the sweep records"
         return None, "no non-dense sweep record shares shape and machine with a dense one"
-    families = [f for f in dict.fromkeys(m.shape_name for m in res.measurements)
-                if any(r["family"] == f for r in rows)]
+    families = list(dict.fromkeys(r["family"] for r in rows))
     colors = _colors(r["series"] for r in rows)
     fig = Figure(figsize=(4.8 * len(families) + 2.2, 4.2), layout="constrained")
     axes = fig.subplots(1, len(families), squeeze=False)[0]

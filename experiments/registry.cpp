@@ -36,7 +36,7 @@ void register_all_backends() {
              for (const auto& s : pipeline::all_schedules()) known += (known.empty() ? "" : ", ") + s.name;
              throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
            }
-           return halide::make_jit_backend(c, info->autoscheduler);
+           return halide::make_jit_backend(c, info->autoscheduler, info->device);
          }});
   halide::register_generated_aot_kernels();
   r.add({"aot", "Halide pipelines generated at build time (no compiler at run time)",

@@ -28,7 +28,7 @@ class KvouterCombine : public Generator<KvouterCombine> {
   GeneratorParam<int> est_topk{"est_topk", 16};
   GeneratorParam<int> est_partials{"est_partials", 51200};
 
-  Input<Buffer<float, 3>> partials{"partials"};          // (ch, lane, partial)
+  Input<Buffer<float, 3>> partials{"partials"};          // (ch, row, tile): the forward's output
   Input<Buffer<int32_t, 3>> partial_index{"partial_index"};  // (rank, h, t)
   Output<Buffer<float, 3>> out{"out"};                   // (d, j, t)
   Output<Buffer<float, 2>> lse{"lse"};                   // (j, t)
@@ -37,27 +37,31 @@ class KvouterCombine : public Generator<KvouterCombine> {
     CombineFuncs f;
     Var d = f.d, j = f.j, t = f.t, r = f.r;
     Expr D = head_dim > 0 ? Expr(int(head_dim)) : partials.dim(0).extent() - layout::kPartialExtra;
-    Expr QH = qhead > 0 ? Expr(int(qhead)) : partials.dim(1).extent();
-    Expr NP = partials.dim(2).extent();
+    Expr QH = qhead > 0 ? Expr(int(qhead)) : out.dim(1).extent() / partial_index.dim(1).extent();
+    Expr T = partials.dim(1).extent() / QH;  // edges per tile
+    Expr NP = T * partials.dim(2).extent();
     f.D = D;
     f.rk = RDom(0, partial_index.dim(0).extent(), "rk");
     Expr h = j / QH, lane = j % QH;
+    // Partial row p of the tile layout: tile p / T, edge p % T, row edge * qhead + lane.
+    auto at = [&](Expr c, Expr p) { return partials(c, (p % T) * QH + lane, p / T); };
     Expr pid = partial_index(r, h, t);
     Expr pc = clamp(pid, 0, NP - 1);
     const float kMasked = layout::kMaskedScore;
-    f.mval(r, j, t) = select(pid >= 0, partials(D, lane, pc), kMasked);
+    f.mval(r, j, t) = select(pid >= 0, at(D, pc), kMasked);
     f.mmax(j, t) = kMasked;
     f.mmax(j, t) = max(f.mmax(j, t), f.mval(f.rk.x, j, t));
     Expr rk = f.rk.x;
     Expr pk = clamp(partial_index(rk, h, t), 0, NP - 1);
     Expr w = select(f.mval(rk, j, t) > layout::kEmptyThreshold, exp(f.mval(rk, j, t) - f.mmax(j, t)), 0.f);
     f.lsum(j, t) = 0.f;
-    f.lsum(j, t) += w * partials(D + 1, lane, pk);
+    f.lsum(j, t) += w * at(D + 1, pk);
     f.osum(d, j, t) = 0.f;
-    f.osum(d, j, t) += w * partials(d, lane, pk);
+    f.osum(d, j, t) += w * at(d, pk);
     out(d, j, t) = select(f.lsum(j, t) > 0.f, f.osum(d, j, t) / f.lsum(j, t), 0.f);
-    lse(j, t) = select(f.lsum(j, t) > 0.f, f.mmax(j, t) + log(f.lsum(j, t)),
-                       Expr(-std::numeric_limits<float>::infinity()));
+    // Empty rows get kMaskedScore here; the host turns it into SPEC's -inf (GPU kernels do not
+    // promise IEEE infinities).
+    lse(j, t) = select(f.lsum(j, t) > 0.f, f.mmax(j, t) + log(f.lsum(j, t)), kMasked);
     f.out = out;
     f.lse = lse;
 
@@ -68,10 +72,9 @@ class KvouterCombine : public Generator<KvouterCombine> {
       partials.dim(0).set_bounds(0, int(head_dim) + layout::kPartialExtra);
       out.dim(0).set_bounds(0, int(head_dim));
     }
-    if (qhead > 0) partials.dim(1).set_bounds(0, int(qhead));
     const int eD = head_dim > 0 ? int(head_dim) : 128;
     const int eQH = qhead > 0 ? int(qhead) : int(est_hq) / int(est_hkv);
-    partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eQH}, {0, int(est_partials)}});
+    partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, 16 * eQH}, {0, std::max(1, int(est_partials) / 16)}});
     partial_index.set_estimates({{0, int(est_topk)}, {0, int(est_hkv)}, {0, int(est_tq)}});
     out.set_estimates({{0, eD}, {0, int(est_hq)}, {0, int(est_tq)}});
     lse.set_estimates({{0, int(est_hq)}, {0, int(est_tq)}});

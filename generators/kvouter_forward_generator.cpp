@@ -22,7 +22,7 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> page_size{"page_size", 0};
   GeneratorParam<int> block_size{"block_size", 0};
   GeneratorParam<int> qhead{"qhead", 0};
-  GeneratorParam<int> tile_edges{"T", 0};
+  GeneratorParam<int> tile_edge_count{"T", 0};
   // Schedule knobs (see Knobs).
   GeneratorParam<int> chunk{"chunk", 64};
   GeneratorParam<int> vec{"vec", 16};
@@ -43,8 +43,7 @@ class KvouterForward : public Generator<KvouterForward> {
   Input<Buffer<float, 4>> v_pages{"v_pages"};
   Input<Buffer<int32_t, 1>> tile_head{"tile_head"};    // (tile)
   Input<Buffer<int32_t, 2>> tile_pages{"tile_pages"};  // (page in block, tile)
-  Input<Buffer<int32_t, 2>> tile_query{"tile_query"};  // (edge, tile)
-  Input<Buffer<int32_t, 2>> tile_limit{"tile_limit"};  // (edge, tile)
+  Input<Buffer<int32_t, 3>> tile_edges{"tile_edges"};  // (field, edge, tile): field 0 query, 1 limit
   Input<float> scale{"scale"};
   Output<Buffer<float, 3>> partials{"partials"};       // (ch, row, tile), row = edge * qhead + lane
 
@@ -59,10 +58,9 @@ class KvouterForward : public Generator<KvouterForward> {
     Expr BS = static_block ? Expr(int(block_size)) : PS * PPB;
     Expr Hkv = k_pages.dim(2).extent();
     Expr QH = qhead > 0 ? Expr(int(qhead)) : q.dim(1).extent() / Hkv;
-    Expr T = tile_edges > 0 ? Expr(int(tile_edges)) : tile_query.dim(0).extent();
+    Expr T = tile_edge_count > 0 ? Expr(int(tile_edge_count)) : tile_edges.dim(1).extent();
     const int C = static_block ? std::min(int(chunk), int(block_size)) : int(chunk);
     Expr NC = (BS + C - 1) / C;
-    f.single_chunk = static_block && int(block_size) <= C;
     f.D = D;
     f.C = C;
     f.num_chunks = NC;
@@ -76,7 +74,7 @@ class KvouterForward : public Generator<KvouterForward> {
     // padding edges (tile_query = -1) and unallocated pages (-1), which the mask then removes.
     Expr h = clamp(tile_head(tile), 0, Hkv - 1);
     Expr edge = row / QH, lane = row % QH;
-    Expr query = clamp(tile_query(clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
+    Expr query = clamp(tile_edges(0, clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
     f.qf(d, row, tile) = q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query) * scale;
     Expr pos = c * C + p;
     Expr page = tile_pages(clamp(pos / PS, 0, PPB - 1), tile);
@@ -85,14 +83,14 @@ class KvouterForward : public Generator<KvouterForward> {
     f.vf(d, p, c, tile) = v_pages(d, pos % PS, h, phys);
     // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
     // the block, on an allocated page.
-    Expr attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
+    Expr attended = pos < min(tile_edges(1, clamp(edge, 0, T - 1), tile), BS) && page >= 0;
 
     const float kMasked = layout::kMaskedScore;
     f.s(p, row, c, tile) = 0.f;
     f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
     Expr pos_r = c * C + f.rp.x;
     Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
-    Expr attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+    Expr attended_r = pos_r < min(tile_edges(1, clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
     f.cmax(row, c, tile) = kMasked;
     f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
     f.pexp(p, row, c, tile) = select(attended, exp(f.s(p, row, c, tile) - f.cmax(row, c, tile)), 0.f);
@@ -100,21 +98,20 @@ class KvouterForward : public Generator<KvouterForward> {
     f.cpv(d, row, c, tile) += f.pexp(f.rp.x, row, c, tile) * f.vf(d, f.rp.x, c, tile);
     f.csum(row, c, tile) = 0.f;
     f.csum(row, c, tile) += f.pexp(f.rp.x, row, c, tile);
-    f.chunk_out(ch, row, c, tile) = select(ch < D, f.cpv(min(ch, D - 1), row, c, tile),
-                                           ch == D, f.cmax(row, c, tile), f.csum(row, c, tile));
-
+    // Online softmax across the chunks of the block. The state runs over ch in [0, D + 2), like
+    // the output it becomes (o for ch < D; the channels past D carry a copy of the o of D - 1),
+    // so that output channel ch reads state ch only: a schedule can give each GPU thread its own
+    // channels' state in registers.
+    f.st(ch, row, tile) = Tuple(0.f, kMasked, 0.f);
+    Expr m_old = f.st(ch, row, tile)[1];
+    Expr cm = f.cmax(row, f.rc.x, tile);
+    Expr m_new = max(m_old, cm);
+    Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
+    f.st(ch, row, tile) = Tuple(f.st(ch, row, tile)[0] * alpha + f.cpv(min(ch, D - 1), row, f.rc.x, tile) * beta,
+                                m_new, f.st(ch, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+    partials(ch, row, tile) = select(ch < D, f.st(ch, row, tile)[0], ch == D, f.st(ch, row, tile)[1],
+                                     f.st(ch, row, tile)[2]);
     f.out = partials;
-    if (f.single_chunk) {
-      partials(ch, row, tile) = f.chunk_out(ch, row, 0, tile);
-    } else {
-      // Merge the chunks with the log-sum-exp rule (as the combine merges partials).
-      f.mx(row, tile) = kMasked;
-      f.mx(row, tile) = max(f.mx(row, tile), f.chunk_out(D, row, f.rc.x, tile));
-      f.acc(ch, row, tile) = 0.f;
-      f.acc(ch, row, tile) += exp(f.chunk_out(D, row, f.rc.x, tile) - f.mx(row, tile)) *
-                              f.chunk_out(ch, row, f.rc.x, tile);
-      partials(ch, row, tile) = select(ch == D, f.mx(row, tile), f.acc(ch, row, tile));
-    }
 
     // Dense C-order inputs; extents pinned where specialised.
     q.dim(0).set_stride(1);
@@ -136,22 +133,20 @@ class KvouterForward : public Generator<KvouterForward> {
       v_pages.dim(1).set_bounds(0, int(page_size));
     }
     if (static_block) tile_pages.dim(0).set_bounds(0, int(block_size) / int(page_size));
-    if (tile_edges > 0) {
-      tile_query.dim(0).set_bounds(0, int(tile_edges));
-      tile_limit.dim(0).set_bounds(0, int(tile_edges));
-    }
-    if (tile_edges > 0 && qhead > 0) partials.dim(1).set_bounds(0, int(tile_edges) * int(qhead));
+    tile_edges.dim(0).set_bounds(0, 2);
+    tile_edges.dim(0).set_stride(1);
+    if (tile_edge_count > 0) tile_edges.dim(1).set_bounds(0, int(tile_edge_count));
+    if (tile_edge_count > 0 && qhead > 0) partials.dim(1).set_bounds(0, int(tile_edge_count) * int(qhead));
 
     const int eD = head_dim > 0 ? int(head_dim) : 128, eP = page_size > 0 ? int(page_size) : 16;
-    const int eB = block_size > 0 ? int(block_size) : 64, eT = tile_edges > 0 ? int(tile_edges) : 16;
+    const int eB = block_size > 0 ? int(block_size) : 64, eT = tile_edge_count > 0 ? int(tile_edge_count) : 16;
     const int eQH = qhead > 0 ? int(qhead) : int(est_hq) / int(est_hkv);
     q.set_estimates({{0, eD}, {0, int(est_hq)}, {0, int(est_tq)}});
     k_pages.set_estimates({{0, eD}, {0, eP}, {0, int(est_hkv)}, {0, int(est_pages)}});
     v_pages.set_estimates({{0, eD}, {0, eP}, {0, int(est_hkv)}, {0, int(est_pages)}});
     tile_head.set_estimates({{0, int(est_tiles)}});
     tile_pages.set_estimates({{0, eB / eP}, {0, int(est_tiles)}});
-    tile_query.set_estimates({{0, eT}, {0, int(est_tiles)}});
-    tile_limit.set_estimates({{0, eT}, {0, int(est_tiles)}});
+    tile_edges.set_estimates({{0, 2}, {0, eT}, {0, int(est_tiles)}});
     scale.set_estimate(0.088f);
     partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eT * eQH}, {0, int(est_tiles)}});
 

@@ -26,7 +26,10 @@ struct Knobs {
 //   pexp(p, row, c, tile) = exp(s - cmax) where attended, else 0
 //   cpv(d, row, c, tile)  = sum_p pexp * v[c*C + p][d]                 (reduction rp over C)
 //   csum(row, c, tile)    = sum_p pexp
-// then the chunks merge with the log-sum-exp rule into partials(ch, row, tile), ch in [0, D + 2).
+// and the online-softmax state st(ch, row, tile) = Tuple(o, m, l) runs over the chunks (update
+// over rc): m' = max(m, cmax), o' = o e^(m - m') + cpv e^(cmax - m'), l' likewise. m and l are
+// carried per d so that each point's update reads only itself (parallel, vectorisable, GPU
+// threads). partials(ch, row, tile) packs [o | m | l], ch in [0, D + 2).
 struct ForwardFuncs {
   Halide::Func qf;      // (d, row, tile)          gathered, pre-scaled query rows of the tile
   Halide::Func kf;      // (d, p, c, tile)         gathered K chunk
@@ -36,11 +39,8 @@ struct ForwardFuncs {
   Halide::Func pexp;    // (p, row, c, tile)
   Halide::Func cpv;     // (d, row, c, tile)
   Halide::Func csum;    // (row, c, tile)
-  Halide::Func chunk_out;  // (ch, row, c, tile)   [cpv | cmax | csum] of one chunk
-  Halide::Func mx;      // (row, tile)             max over chunks (multi-chunk blocks only)
-  Halide::Func acc;     // (ch, row, tile)         log-sum-exp merge of the chunks (multi-chunk)
+  Halide::Func st;      // (ch, row, tile)         Tuple(o, m, l), online over chunks rc
   Halide::Func out;     // (ch, row, tile)         the packed partials (the Output)
-  bool single_chunk = false;  // the block is one chunk: out reads chunk_out(., ., 0, .) directly
   Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"};
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions

@@ -14,24 +14,21 @@ void cpu_rowstream_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   Var ro("ro"), ri("ri"), pu("pu"), pv("pv");
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
-  f.chunk_out.compute_at(f.out, f.tile)
+  // Chunk loop outermost, then row blocks: each row block runs scores, weights and P.V back to back.
+  f.st.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  f.st.update()
       .split(f.row, ro, ri, k.rows, TailStrategy::GuardWithIf)
-      .reorder(f.ch, ri, ro, f.c)
+      .reorder(f.ch, ri, ro, f.rc.x)
       .vectorize(f.ch, k.vec, guard);
-  if (!f.single_chunk) {
-    f.mx.compute_at(f.out, f.tile);
-    f.acc.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-    f.acc.update().reorder(f.ch, f.rc.x, f.row).vectorize(f.ch, k.vec, guard);
-  }
-  f.kf.compute_at(f.chunk_out, f.c).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
-  f.vf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
-  // Everything else per row block, inside the chunk.
-  f.s.compute_at(f.chunk_out, ro).vectorize(f.p, k.vec, guard).unroll(f.row);
+  RVar rc = f.rc.x;
+  f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
+  f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  f.s.compute_at(f.st, ro).vectorize(f.p, k.vec, guard).unroll(f.row);
   f.s.update().split(f.p, pu, pv, k.vec, guard).reorder(pv, pu, f.row, f.rd.x).vectorize(pv).unroll(f.row);
-  f.cmax.compute_at(f.chunk_out, ro);
-  f.pexp.compute_at(f.chunk_out, ro).vectorize(f.p, k.vec, guard);
-  f.csum.compute_at(f.chunk_out, ro);
-  f.cpv.compute_at(f.chunk_out, ro).vectorize(f.d, k.vec, guard).unroll(f.row);
+  f.cmax.compute_at(f.st, ro);
+  f.pexp.compute_at(f.st, ro).vectorize(f.p, k.vec, guard);
+  f.csum.compute_at(f.st, ro);
+  f.cpv.compute_at(f.st, ro).vectorize(f.d, k.vec, guard).unroll(f.row);
   f.cpv.update().split(f.d, pu, pv, k.vec, guard).reorder(pv, pu, f.row, f.rp.x).vectorize(pv).unroll(f.row);
 }
 

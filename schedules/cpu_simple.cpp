@@ -1,6 +1,6 @@
-// cpu_simple: the plain schedule. Parallel over tiles; inside a tile, each stage is computed per
-// chunk and vectorised over its innermost dimension (positions for scores, D for P.V).
-// Measured (experiments/results/cpu_bench.json, see README): the straightforward Halide baseline.
+// cpu_simple: the plain schedule. Parallel over tiles; inside a tile, the online state runs over
+// the chunks and each per-chunk stage is vectorised over its innermost dimension (positions for
+// scores, D for P.V). Measured figure: README.md's CPU table (this machine, target host).
 #include "schedules.h"
 
 namespace kvouter::pipeline {
@@ -11,20 +11,17 @@ void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
-  f.chunk_out.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-  if (!f.single_chunk) {
-    f.mx.compute_at(f.out, f.tile);
-    f.acc.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-    f.acc.update().reorder(f.ch, f.rc.x, f.row).vectorize(f.ch, k.vec, guard);
-  }
-  f.kf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
-  f.vf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
-  f.s.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
+  f.st.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  f.st.update().reorder(f.ch, f.row, f.rc.x).vectorize(f.ch, k.vec, guard);
+  RVar rc = f.rc.x;
+  f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  f.s.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   f.s.update().reorder(f.p, f.rd.x, f.row).vectorize(f.p, k.vec, guard);
-  f.cmax.compute_at(f.chunk_out, f.c);
-  f.pexp.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
-  f.csum.compute_at(f.chunk_out, f.c);
-  f.cpv.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+  f.cmax.compute_at(f.st, rc);
+  f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
+  f.csum.compute_at(f.st, rc);
+  f.cpv.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
   f.cpv.update().reorder(f.d, f.rp.x, f.row).vectorize(f.d, k.vec, guard);
 }
 

@@ -20,20 +20,18 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   Var po("po"), pi("pi"), ro("ro"), ri("ri"), pu("pu"), pv("pv"), dO("dO"), di("di");
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
-  f.chunk_out.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-  if (!f.single_chunk) {
-    f.mx.compute_at(f.out, f.tile);
-    f.acc.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-    f.acc.update().reorder(f.ch, f.rc.x, f.row).vectorize(f.ch, k.vec, guard);
-  }
+  // The online state of the tile's rows; every per-chunk stage is computed inside its chunk loop.
+  f.st.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  f.st.update().reorder(f.ch, f.row, f.rc.x).vectorize(f.ch, k.vec, guard);
+  RVar rc = f.rc.x;
   // K chunk transposed: positions innermost.
-  f.kf.compute_at(f.chunk_out, f.c).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
-  f.vf.compute_at(f.chunk_out, f.c).vectorize(f.d, k.vec, guard);
+  f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
+  f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
 
   // Scores: register tiles of (unroll*vec positions) x rows.
   const int pw = k.vec * k.unroll;
   Func sw = f.s.in();
-  sw.compute_at(f.chunk_out, f.c)
+  sw.compute_at(f.st, rc)
       .tile(f.p, f.row, po, ro, pi, ri, pw, k.rows, TailStrategy::GuardWithIf)
       .vectorize(pi, k.vec)
       .unroll(ri);
@@ -44,13 +42,13 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
       .vectorize(pv)
       .unroll(pu)
       .unroll(f.row);
-  f.cmax.compute_at(f.chunk_out, f.c);
-  f.pexp.compute_at(f.chunk_out, f.c).vectorize(f.p, k.vec, guard);
-  f.csum.compute_at(f.chunk_out, f.c);
+  f.cmax.compute_at(f.st, rc);
+  f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
+  f.csum.compute_at(f.st, rc);
 
   // P.V: register tiles of (unroll*vec of D) x rows.
   Func cw = f.cpv.in();
-  cw.compute_at(f.chunk_out, f.c)
+  cw.compute_at(f.st, rc)
       .tile(f.d, f.row, dO, ro, di, ri, pw, k.rows, TailStrategy::GuardWithIf)
       .vectorize(di, k.vec)
       .unroll(ri);

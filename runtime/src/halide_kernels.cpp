@@ -33,6 +33,14 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// Kernels emit kMaskedScore (finite) as the LSE of an empty row: GPU backends do not promise IEEE
+// infinities inside kernels, so SPEC's -inf is produced here, on the host, for every backend.
+void finish_lse(Tensor<float>& lse) {
+  for (float& x : lse.data) {
+    if (x <= layout::kEmptyThreshold) x = -std::numeric_limits<float>::infinity();
+  }
+}
+
 void check_rc(int rc, const char* stage, const Kernels& k) {
   if (rc != 0) {
     throw BackendError(std::string("halide: ") + stage + " of " + k.description + " failed with code " + std::to_string(rc));
@@ -108,15 +116,23 @@ int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return 
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   timing->forward_ms = timing->combine_ms = 0;
-  if (p.Tq == 0) return res;
+  if (p.Tq == 0) return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  const int64_t partial_elems = std::max<int64_t>(ts.num_partials(), 1) * p.qhead * (p.D + layout::kPartialExtra);
+  if (partial_elems > std::numeric_limits<int32_t>::max()) {
+    throw BackendError("halide: the partials of this plan hold " + std::to_string(partial_elems) +
+                       " floats, beyond Halide's int32 buffer indexing; run fewer queries per call");
+  }
+  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
 
   const int64_t C = p.D + layout::kPartialExtra;
-  // With no tile at all, one empty partial keeps the combine's buffers non-empty.
-  const int64_t np = std::max<int64_t>(ts.num_partials(), 1);
-  Tensor<float> partials({np, p.qhead, C});
-  if (ts.num_partials() == 0) partials.data[p.D] = layout::kMaskedScore;
+  // Partials in the tile layout [tiles, T * qhead, C]. With no tile at all, one tile of one empty
+  // edge keeps the combine's buffers non-empty.
+  const int64_t tiles = std::max<int64_t>(ts.num_tiles, 1), T = ts.num_tiles > 0 ? ts.T : 1;
+  Tensor<float> partials({tiles, T * p.qhead, C});
+  if (ts.num_tiles == 0) {
+    for (int64_t l = 0; l < p.qhead; ++l) partials.data[l * C + p.D] = layout::kMaskedScore;
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   if (ts.num_tiles > 0) {
@@ -125,10 +141,9 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
     auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
     auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
     auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
-    auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
-    auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
-    auto part = wrap(partials.ptr(), {ts.num_tiles, ts.T * p.qhead, C});
-    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+    auto edges = wrap(ts.tile_edges.data(), {ts.num_tiles, ts.T, 2});
+    auto part = wrap(partials.ptr(), partials.shape);
+    check_rc(kernels.forward(q, k, v, head, pages, edges, p.scale, part), "forward", kernels);
   }
   const auto t1 = std::chrono::steady_clock::now();
   auto part = wrap(partials.ptr(), partials.shape);
@@ -139,6 +154,7 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
   const auto t2 = std::chrono::steady_clock::now();
   timing->forward_ms = ms_between(t0, t1);
   timing->combine_ms = ms_between(t1, t2);
+  finish_lse(res.lse);
   return res;
 }
 

@@ -77,6 +77,7 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
 std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   const Halide::Target target = to_target(req.target);
+
   Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
                                     {"D", std::to_string(req.spec.D)},
                                     {"page_size", std::to_string(req.spec.page_size)},
@@ -106,8 +107,8 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
     Halide::Callable f = compile_generator(target, "kvouter_forward", fwd, req.autoscheduler);
     Halide::Callable c = compile_generator(target, "kvouter_combine", comb, req.autoscheduler);
     ck->kernels.forward = [f](halide_buffer_t* q, halide_buffer_t* k, halide_buffer_t* v, halide_buffer_t* head,
-                              halide_buffer_t* pages, halide_buffer_t* query, halide_buffer_t* limit, float scale,
-                              halide_buffer_t* part) { return f(q, k, v, head, pages, query, limit, scale, part); };
+                              halide_buffer_t* pages, halide_buffer_t* edges, float scale,
+                              halide_buffer_t* part) { return f(q, k, v, head, pages, edges, scale, part); };
     ck->kernels.combine = [c](halide_buffer_t* part, halide_buffer_t* pidx, halide_buffer_t* out,
                               halide_buffer_t* lse) { return c(part, pidx, out, lse); };
   } catch (const Halide::Error& e) {
@@ -132,9 +133,15 @@ Cache& cache() {
 
 class JitBackend final : public Backend {
  public:
-  JitBackend(const BackendConfig& cfg, std::string autoscheduler)
+  JitBackend(const BackendConfig& cfg, std::string autoscheduler, const std::string& device)
       : schedule_(cfg.schedule), autoscheduler_(std::move(autoscheduler)), knobs_(checked_knobs(cfg.params)),
-        target_(resolve_target(cfg.target)) {}
+        target_(resolve_target(cfg.target)) {
+    if (to_target(target_).has_gpu_feature()) {
+      throw BackendError("--target " + target_ + ": GPU targets have no schedule yet (the Vulkan schedules are "
+                         "work in progress, see README); the " + device + " schedule '" + schedule_ +
+                         "' needs a host target");
+    }
+  }
   std::string name() const override { return "jit"; }
   std::string schedule() const override { return schedule_; }
   std::string target() const override { return target_; }
@@ -206,8 +213,9 @@ size_t jit_cache_size() {
   return cache().entries.size();
 }
 
-std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::string& autoscheduler) {
-  return std::make_unique<JitBackend>(cfg, autoscheduler);
+std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::string& autoscheduler,
+                                          const std::string& device) {
+  return std::make_unique<JitBackend>(cfg, autoscheduler, device);
 }
 
 }  // namespace kvouter::halide

@@ -32,7 +32,9 @@ std::shared_ptr<const CompiledKernels> jit_compile(const JitRequest& req);
 size_t jit_cache_size();
 
 // The 'jit' backend. The autoscheduler name comes from the schedule registry (experiments layer).
-std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::string& autoscheduler);
+// device: "cpu" or "vulkan" (the schedule's); it must agree with the target.
+std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::string& autoscheduler,
+                                          const std::string& device);
 
 // The resolved Halide target string for a user's --target ("" or "host" = this machine).
 std::string resolve_target(const std::string& target);
