@@ -15,6 +15,7 @@
 #include "case_gen.h"
 #include "cli_util.h"
 #include "kvouter/errors.h"
+#include "kvouter/jit.h"
 #include "registry.h"
 #include "roofline.h"
 
@@ -113,6 +114,14 @@ int main(int argc, char** argv) {
       pos = next == std::string::npos ? next : next + 1;
     }
   }
+  // How to reproduce every row: revision, Halide version, target, and the command.
+  benchmark::AddCustomContext("git_rev", KVOUTER_GIT_REV);
+  benchmark::AddCustomContext("halide_version", std::to_string(HALIDE_VERSION_MAJOR) + "." +
+                                                    std::to_string(HALIDE_VERSION_MINOR) + "." +
+                                                    std::to_string(HALIDE_VERSION_PATCH));
+  benchmark::AddCustomContext("host_target", halide::resolve_target("host"));
+  benchmark::AddCustomContext("repro", "make build && build/bin/kvouter_bench --benchmark_out=FILE "
+                                       "--benchmark_out_format=json (KVOUTER_BENCH_SHAPES=tiny,prefill,decode)");
   benchmark::AddCustomContext("fp32_peak_gflops", std::to_string(roofline().fma_gflops));
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
   for (const auto& shape : shapes) {

@@ -87,7 +87,7 @@ const std::vector<std::string>& knob_names() {
 }
 
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
-  std::map<std::string, std::string> k = {{"T", "16"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
+  std::map<std::string, std::string> k = {{"T", "0"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
                                           {"unroll", "4"}, {"grain", "1"}, {"gpu_rows", "8"}};
   for (const auto& [name, value] : params) {
     if (!k.count(name)) {
@@ -103,8 +103,10 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
     } catch (...) {
       v = 0;
     }
-    if (v <= 0 || v > 4096) {
-      throw BackendError("--param " + name + ": expected an integer in [1, 4096], got '" + value + "'");
+    const long lowest = name == "T" ? 0 : 1;  // T = 0: chosen by the planner
+    if (value.empty() || v < lowest || v > 4096 || (v == 0 && value != "0")) {
+      throw BackendError("--param " + name + ": expected an integer in [" + std::to_string(lowest) +
+                         ", 4096], got '" + value + "'");
     }
     k[name] = std::to_string(v);
   }

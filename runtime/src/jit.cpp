@@ -84,6 +84,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                                     {"block_size", std::to_string(req.spec.block_size)},
                                     {"qhead", std::to_string(req.spec.qhead)}};
   for (const auto& [k, v] : req.knobs) fwd[k] = v;
+  fwd["T"] = std::to_string(req.spec.T);  // the plan's T (the knob may say 0 = automatic)
   Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},
                                      {"D", std::to_string(req.spec.D)},
                                      {"qhead", std::to_string(req.spec.qhead)}};

@@ -155,12 +155,21 @@ double Plan::kv_unit_bytes() const {
          static_cast<double>(problem.D) * sizeof(float);
 }
 
+int64_t auto_tile_edges(const KvIndex& ix) {
+  if (ix.num_units() == 0) return 16;
+  const int64_t mean = (ix.num_edges() + ix.num_units() - 1) / ix.num_units();
+  int64_t T = 1;
+  while (T < mean && T < 16) T *= 2;
+  return T;
+}
+
 Plan make_plan(const Inputs& in, const PlanOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   Plan plan;
   plan.problem = validate(in);
   plan.index = build_kvouter_index(in, plan.problem);
-  plan.tiles = build_tiles(in, plan.problem, plan.index, opt.tile_edges);
+  plan.tiles = build_tiles(in, plan.problem, plan.index,
+                           opt.tile_edges > 0 ? opt.tile_edges : auto_tile_edges(plan.index));
   const Problem& p = plan.problem;
   for (int64_t u = 0; u < plan.index.num_units(); ++u) {
     for (int64_t e = plan.index.unit_edge_begin[u]; e < plan.index.unit_edge_begin[u + 1]; ++e) {

@@ -49,8 +49,12 @@ struct TileSet {
 TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& index, int64_t T);
 
 struct PlanOptions {
-  int64_t tile_edges = 16;  // T
+  // T, edges per tile. 0 = automatic: the next power of two of the mean edges per work unit,
+  // capped at 16 (decode-like plans, one query per unit, get T = 1 instead of 15 padding rows).
+  int64_t tile_edges = 0;
 };
+
+int64_t auto_tile_edges(const KvIndex& index);
 
 struct Plan {
   Problem problem;
