@@ -98,19 +98,18 @@ class KvouterForward : public Generator<KvouterForward> {
     f.cpv(d, row, c, tile) += f.pexp(f.rp.x, row, c, tile) * f.vf(d, f.rp.x, c, tile);
     f.csum(row, c, tile) = 0.f;
     f.csum(row, c, tile) += f.pexp(f.rp.x, row, c, tile);
-    // Online softmax across the chunks of the block. The state runs over ch in [0, D + 2), like
-    // the output it becomes (o for ch < D; the channels past D carry a copy of the o of D - 1),
-    // so that output channel ch reads state ch only: a schedule can give each GPU thread its own
-    // channels' state in registers.
-    f.st(ch, row, tile) = Tuple(0.f, kMasked, 0.f);
-    Expr m_old = f.st(ch, row, tile)[1];
+    // Online softmax across the chunks of the block. m and l are carried per d (each point's
+    // update then reads only itself: race-free, vectorisable); the output reads them from d - 1.
+    f.st(d, row, tile) = Tuple(0.f, kMasked, 0.f);
+    Expr m_old = f.st(d, row, tile)[1];
     Expr cm = f.cmax(row, f.rc.x, tile);
     Expr m_new = max(m_old, cm);
     Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
-    f.st(ch, row, tile) = Tuple(f.st(ch, row, tile)[0] * alpha + f.cpv(min(ch, D - 1), row, f.rc.x, tile) * beta,
-                                m_new, f.st(ch, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
-    partials(ch, row, tile) = select(ch < D, f.st(ch, row, tile)[0], ch == D, f.st(ch, row, tile)[1],
-                                     f.st(ch, row, tile)[2]);
+    f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
+                               f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+    Expr dd = min(ch, D - 1);
+    partials(ch, row, tile) = select(ch < D, f.st(dd, row, tile)[0], ch == D, f.st(dd, row, tile)[1],
+                                     f.st(dd, row, tile)[2]);
     f.out = partials;
 
     // Dense C-order inputs; extents pinned where specialised.

@@ -15,11 +15,11 @@ void cpu_rowstream_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   // Chunk loop outermost, then row blocks: each row block runs scores, weights and P.V back to back.
-  f.st.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
+  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   f.st.update()
       .split(f.row, ro, ri, k.rows, TailStrategy::GuardWithIf)
-      .reorder(f.ch, ri, ro, f.rc.x)
-      .vectorize(f.ch, k.vec, guard);
+      .reorder(f.d, ri, ro, f.rc.x)
+      .vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
   f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);

@@ -21,8 +21,8 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   // The online state of the tile's rows; every per-chunk stage is computed inside its chunk loop.
-  f.st.compute_at(f.out, f.tile).vectorize(f.ch, k.vec, guard);
-  f.st.update().reorder(f.ch, f.row, f.rc.x).vectorize(f.ch, k.vec, guard);
+  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   // K chunk transposed: positions innermost.
   f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
