@@ -19,6 +19,7 @@
 #include "kvouter/errors.h"
 #include "registry.h"
 #include "roofline.h"
+#include "tuner.h"
 
 namespace kx = kvouter::experiments;
 using namespace kvouter;
@@ -56,7 +57,11 @@ void main_help() {
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
                "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n"
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
-               "      AOT-generate one configuration (generic, or specialised to a case's shape)\n\n";
+               "         [--tuned]   AOT-generate one configuration (generic, or specialised to a case's\n"
+               "                     shape; --tuned takes the tuning database's winner for that case)\n"
+               "  tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE] [--log FILE]\n"
+               "      autotune the JIT schedules against the Eigen oracle; resumable; winners go to the\n"
+               "      database that `run` reads for its default choice\n\n";
   print_backends(std::cout);
 }
 
@@ -106,8 +111,13 @@ RunArgs parse_run(const std::vector<std::string>& a) {
   }
   if (r.case_dir.empty()) throw UsageError("run: expected CASE_DIR (see kvouter run --help)");
   if (r.out_dir.empty()) r.out_dir = r.case_dir;
-  if (r.cfg.backend.empty()) r.cfg.backend = kx::default_backend();
   return r;
+}
+
+// The tuning database the default choice reads ($KVOUTER_TUNING_DB, else the repository's).
+std::string tuning_db_path() {
+  if (const char* p = std::getenv("KVOUTER_TUNING_DB")) return p;
+  return std::string(KVOUTER_SOURCE_DIR) + "/experiments/results/tuning_db.json";
 }
 
 std::string params_str(const std::map<std::string, std::string>& p) {
@@ -119,6 +129,18 @@ std::string params_str(const std::map<std::string, std::string>& p) {
 int cmd_run(const std::vector<std::string>& args) {
   RunArgs ra = parse_run(args);
   Inputs in = load_case(ra.case_dir);
+  if (ra.cfg.backend.empty()) {
+    // The default: the tuned winner for this shape class on this machine, else the default backend.
+    ra.cfg.backend = kx::default_backend();
+    if (ra.cfg.schedule.empty() && ra.cfg.params.empty()) {
+      validate(in);  // bad input is reported as such, before any look-up
+      if (auto tuned = kx::lookup_tuned(in, ra.cfg.target.empty() ? "host" : ra.cfg.target, tuning_db_path())) {
+        ra.cfg.backend = "jit";
+        ra.cfg.schedule = tuned->schedule;
+        ra.cfg.params = tuned->knobs;
+      }
+    }
+  }
   auto backend = BackendRegistry::instance().make(ra.cfg);
   Plan plan = make_plan(in, backend->plan_options());
   std::vector<double> times;
@@ -187,6 +209,7 @@ int cmd_demo(const std::vector<std::string>& args) {
 // the .stmt and the schedule, through the same registered Generators the build uses.
 int cmd_export(const std::vector<std::string>& a) {
   std::string schedule = kx::default_cpu_schedule(), target = "host", out, name, from_case;
+  bool tuned = false;
   std::map<std::string, std::string> params;
   for (size_t i = 0; i < a.size(); ++i) {
     auto value = [&]() -> std::string {
@@ -198,6 +221,7 @@ int cmd_export(const std::vector<std::string>& a) {
     else if (a[i] == "--out") out = value();
     else if (a[i] == "--name") name = value();
     else if (a[i] == "--from-case") from_case = value();
+    else if (a[i] == "--tuned") tuned = true;
     else if (a[i] == "--param") {
       const std::string kv = value();
       const auto eq = kv.find('=');
@@ -208,6 +232,13 @@ int cmd_export(const std::vector<std::string>& a) {
     }
   }
   if (out.empty()) throw UsageError("export: expected --out DIR");
+  if (tuned) {
+    if (from_case.empty()) throw UsageError("export --tuned: expected --from-case DIR (whose shape class to look up)");
+    auto choice = kx::lookup_tuned(load_case(from_case), target, tuning_db_path());
+    if (!choice) throw BackendError("export --tuned: the tuning database " + tuning_db_path() + " has no entry for this case's shape class on this machine");
+    schedule = choice->schedule;
+    params = choice->knobs;
+  }
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
   if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");
   auto knobs = halide::checked_knobs(params);
@@ -246,6 +277,37 @@ int cmd_export(const std::vector<std::string>& a) {
   return 0;
 }
 
+int cmd_tune(const std::vector<std::string>& a) {
+  kx::TuneOptions opt;
+  bool db_given = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+      return a[++i];
+    };
+    auto number = [&](const std::string& v) {
+      try {
+        return std::stoi(v);
+      } catch (...) {
+        throw UsageError(a[i - 1] + ": expected an integer, got '" + v + "'");
+      }
+    };
+    if (a[i] == "--shape") opt.shape = value();
+    else if (a[i] == "--target") opt.target = value();
+    else if (a[i] == "--db") opt.db = value(), db_given = true;
+    else if (a[i] == "--log") opt.log = value();
+    else if (a[i] == "--repeats") opt.repeats = number(value());
+    else if (a[i] == "--max-candidates") opt.max_candidates = number(value());
+    else throw UsageError("tune: unknown argument '" + a[i] + "'");
+  }
+  if (opt.repeats < 1) throw UsageError("--repeats: expected a positive integer");
+  if (!db_given) opt.db = tuning_db_path();
+  if (opt.log.empty()) {
+    opt.log = std::string(KVOUTER_SOURCE_DIR) + "/experiments/results/tune_" + opt.shape + "_" + opt.target + ".jsonl";
+  }
+  return kx::run_tune(opt);
+}
+
 int cmd_make_case(const std::vector<std::string>& args) {
   if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
   save_case(args[1], kx::make_case(kx::named_shape(args[0])));
@@ -279,6 +341,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "make-case") return cmd_make_case(args);
     if (cmd == "export") return cmd_export(args);
+    if (cmd == "tune") return cmd_tune(args);
     throw UsageError("unknown command '" + cmd + "' (see kvouter --help)");
   } catch (const UsageError& e) {
     std::cerr << "kvouter: usage error: " << e.what() << std::endl;

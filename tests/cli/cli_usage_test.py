@@ -79,5 +79,22 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("export", "--out", tmp, "--schedule", "nope")
     expect(r.returncode == 2 and "schedule" in r.stderr, "export of an unknown schedule exits 2")
 
+with tempfile.TemporaryDirectory() as tmp:
+    db, log = os.path.join(tmp, "db.json"), os.path.join(tmp, "log.jsonl")
+    r = run("tune", "--shape", "tiny", "--max-candidates", "2", "--repeats", "2", "--db", db, "--log", log)
+    expect(r.returncode == 0 and "winner" in r.stdout and "ETA" in r.stdout, f"tune writes a winner: {r.stdout[-300:]}")
+    winner = json.load(open(db))["entries"] if os.path.exists(db) else {}
+    sched = next(iter(winner.values()))["schedule"] if winner else "?"
+    case = os.path.join(tmp, "tiny")
+    run("make-case", "tiny", case)
+    env = dict(os.environ, KVOUTER_TUNING_DB=db)
+    r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o")], capture_output=True, text=True, env=env)
+    expect(r.returncode == 0 and f"schedule={sched} " in r.stdout, f"run's default reads the tuning database ({sched}): {r.stdout.strip()[:200]}")
+    exp = os.path.join(tmp, "exp")
+    r = subprocess.run([cli, "export", "--out", exp, "--tuned", "--from-case", case], capture_output=True,
+                       text=True, env=env)
+    expect(r.returncode == 0 and any(n.endswith("_fwd.a") for n in os.listdir(exp)),
+           f"export --tuned builds the database's winner: {r.stdout.strip()[-200:]} {r.stderr.strip()[-200:]}")
+
 print(f"{checks[0] - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -1,0 +1,257 @@
+#include "tuner.h"
+
+#include <Halide.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli_util.h"
+#include "kvouter/errors.h"
+#include "kvouter/jit.h"
+#include "kvouter/plan.h"
+#include "registry.h"
+#include "schedules.h"
+
+namespace kvouter::experiments {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string halide_version() {
+  return std::to_string(HALIDE_VERSION_MAJOR) + "." + std::to_string(HALIDE_VERSION_MINOR) + "." +
+         std::to_string(HALIDE_VERSION_PATCH);
+}
+
+std::string now_iso() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string db_key(const std::string& shape_class, const std::string& target) {
+  return shape_class + "|" + target + "|" + machine_fingerprint() + "|halide-" + halide_version();
+}
+
+json load_json(const std::string& path, json fallback) {
+  std::ifstream f(path);
+  if (!f) return fallback;
+  try {
+    return json::parse(f);
+  } catch (...) {
+    return fallback;
+  }
+}
+
+}  // namespace
+
+std::string Candidate::key() const {
+  std::string s = schedule;
+  for (const auto& [k, v] : knobs) s += "," + k + "=" + v;
+  return s;
+}
+
+ShapeClass ShapeClass::of(const Inputs& in) {
+  const Problem p = validate(in);
+  ShapeClass c;
+  c.D = p.D;
+  c.block_size = p.block_size;
+  c.page_size = p.page_size;
+  c.qhead = p.qhead;
+  c.decode = p.B > 0 && p.Tq <= 4 * p.B;
+  c.name = "D" + std::to_string(c.D) + "_b" + std::to_string(c.block_size) + "_p" + std::to_string(c.page_size) +
+           "_q" + std::to_string(c.qhead) + (c.decode ? "_decode" : "_prefill");
+  return c;
+}
+
+bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target) {
+  if (c.knobs.empty()) return true;  // an autoscheduled twin
+  auto knob = [&](const char* k) { return std::stol(c.knobs.at(k)); };
+  const long T = knob("T"), chunk = knob("chunk"), rows = knob("rows"), unroll = knob("unroll");
+  // A chunk past the block is the block; tiny chunks only add merge steps.
+  if (chunk > shape.block_size || chunk < 16) return false;
+  // Register budget of the tiled products: rows x unroll accumulators (+ loads) in 32 vector regs.
+  if (rows * unroll > 16) return false;
+  // Knobs a schedule does not read are pinned, so no two candidates are the same program.
+  if (c.schedule == "cpu_simple" && (rows != 4 || unroll != 4)) return false;
+  if (c.schedule == "cpu_rowstream" && unroll != 4) return false;
+  // Decode-like shapes have about one query per work unit: large tiles are padding.
+  if (shape.decode ? T > 2 : (T != 0 && T < 8)) return false;
+  (void)target;
+  return true;
+}
+
+std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target) {
+  std::vector<Candidate> out;
+  for (const auto& s : pipeline::all_schedules()) {
+    if (s.device != "cpu") continue;
+    if (!s.autoscheduler.empty()) {
+      out.push_back({s.name, {}});
+      continue;
+    }
+    for (const char* T : {"0", "1", "2", "8", "16", "32"})
+      for (const char* chunk : {"16", "32", "64", "128", "256"})
+        for (const char* rows : {"2", "4", "8"})
+          for (const char* unroll : {"2", "4"}) {
+            Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
+            if (keep(c, shape, target)) out.push_back(c);
+          }
+  }
+  return out;
+}
+
+std::string machine_fingerprint() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model = "unknown-cpu";
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  const std::string target = halide::resolve_target("host");
+  return model + " x" + std::to_string(std::thread::hardware_concurrency()) +
+         (target.find("avx512") != std::string::npos ? " avx512" : "");
+}
+
+int run_tune(const TuneOptions& opt) {
+  register_all_backends();
+  Inputs in = make_case(named_shape(opt.shape));
+  const ShapeClass shape = ShapeClass::of(in);
+  const std::string target = halide::resolve_target(opt.target);
+  const std::string log_path = !opt.log.empty() ? opt.log
+                                                : "experiments/results/tune_" + opt.shape + "_" + opt.target + ".jsonl";
+  std::vector<Candidate> space = tuning_space(shape, opt.target);
+  if (opt.max_candidates > 0 && static_cast<int>(space.size()) > opt.max_candidates) {
+    // An even spread over the space, twins included (they sit at the end of the list).
+    std::vector<Candidate> picked;
+    for (int i = 0; i < opt.max_candidates; ++i) picked.push_back(space[i * space.size() / opt.max_candidates]);
+    space = picked;
+  }
+
+  // Resume: trials already in the log are not run again.
+  std::set<std::string> done;
+  double best_ms = 1e300;
+  json best;
+  int trial = 0;
+  {
+    std::ifstream f(log_path);
+    std::string line;
+    while (std::getline(f, line)) {
+      json r;
+      try {
+        r = json::parse(line);
+      } catch (...) {
+        continue;  // a line cut by a kill
+      }
+      if (r.value("shape_class", "") != shape.name || r.value("target", "") != opt.target) continue;
+      done.insert(r.value("candidate", ""));
+      trial = std::max(trial, r.value("trial", 0) + 1);
+      if (r.value("status", "") == "ok" && r["median_ms"].get<double>() < best_ms) {
+        best_ms = r["median_ms"].get<double>();
+        best = r;
+      }
+    }
+  }
+  std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
+  std::ofstream log(log_path, std::ios::app);
+
+  const Problem prob = validate(in);
+  const Outputs ref = reference::dense_attention<double>(in, prob);
+  std::printf("tune %s (%s) on %s: %zu candidates, %zu already in %s\n", opt.shape.c_str(), shape.name.c_str(),
+              opt.target.c_str(), space.size(), done.size(), log_path.c_str());
+  const auto t_start = std::chrono::steady_clock::now();
+  int finished = 0;
+  const int todo = static_cast<int>(std::count_if(space.begin(), space.end(), [&](const Candidate& c) { return !done.count(c.key()); }));
+  for (const Candidate& c : space) {
+    if (done.count(c.key())) continue;
+    json rec = {{"kind", "tune"}, {"shape", opt.shape}, {"shape_class", shape.name}, {"target", opt.target},
+                {"trial", trial++}, {"candidate", c.key()}, {"schedule", c.schedule}, {"knobs", c.knobs},
+                {"machine", machine_fingerprint()}, {"halide_version", halide_version()}, {"timestamp", now_iso()}};
+    std::string status;
+    try {
+      auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target});
+      const Plan plan = make_plan(in, backend->plan_options());
+      const Outputs got = backend->run(plan, in);  // compiles, then checked before any timing
+      rec["compile_ms"] = backend->last_timing().compile_ms;
+      const auto err = compare_outputs(got, ref);
+      rec["max_err"] = err.max_out_err;
+      if (!err.ok()) {
+        status = "rejected: max|out err| " + std::to_string(err.max_out_err) + ", max|lse err| " +
+                 std::to_string(err.max_lse_err) + " beyond SPEC's tolerance";
+      } else {
+        std::vector<double> times;
+        for (int r = 0; r < opt.repeats; ++r) {
+          backend->run(plan, in);
+          const auto& t = backend->last_timing();
+          times.push_back(t.forward_ms + t.combine_ms);
+          if (r == 0 && times[0] > opt.drop_factor * best_ms) break;  // a clear loser
+        }
+        std::sort(times.begin(), times.end());
+        const double median = times[times.size() / 2];
+        rec["median_ms"] = median;
+        rec["runs"] = times.size();
+        rec["gflops"] = plan.flops() / (median * 1e6);
+        if (static_cast<int>(times.size()) < opt.repeats) {
+          status = "dropped";
+        } else {
+          status = "ok";
+          if (median < best_ms) {
+            best_ms = median;
+            best = rec;
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      status = std::string("rejected: ") + e.what();
+    }
+    rec["status"] = status;
+    rec["best_ms"] = best_ms < 1e300 ? best_ms : -1.0;
+    log << rec.dump() << "\n" << std::flush;
+    ++finished;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const double eta = elapsed / finished * (todo - finished);
+    std::printf("[%d/%d] %-16s %-40s %-9s %9s  best %8.3f ms  ETA %4.0f s\n", finished, todo, c.schedule.c_str(),
+                c.key().substr(c.schedule.size()).c_str(), status.substr(0, 8).c_str(),
+                rec.contains("median_ms") ? (std::to_string(rec["median_ms"].get<double>()).substr(0, 8) + "ms").c_str() : "-",
+                best_ms < 1e300 ? best_ms : 0.0, eta);
+    std::fflush(stdout);
+  }
+  if (best.is_null()) {
+    std::printf("no candidate passed; the database is unchanged\n");
+    return 1;
+  }
+  json db = load_json(opt.db, json{{"entries", json::object()}});
+  db["entries"][db_key(shape.name, opt.target)] = {{"schedule", best["schedule"]}, {"knobs", best["knobs"]},
+                                                   {"median_ms", best["median_ms"]}, {"shape", opt.shape},
+                                                   {"target_string", target}, {"updated", now_iso()}};
+  std::filesystem::create_directories(std::filesystem::path(opt.db).parent_path());
+  std::ofstream(opt.db) << db.dump(1) << "\n";
+  std::printf("winner for %s on %s: %s (%.3f ms); written to %s, log in %s\n", shape.name.c_str(), opt.target.c_str(),
+              best["candidate"].get<std::string>().c_str(), best_ms, opt.db.c_str(), log_path.c_str());
+  return 0;
+}
+
+std::optional<TunedChoice> lookup_tuned(const Inputs& in, const std::string& target, const std::string& db_path) {
+  const json db = load_json(db_path, json::object());
+  if (!db.contains("entries")) return std::nullopt;
+  const auto it = db["entries"].find(db_key(ShapeClass::of(in).name, target));
+  if (it == db["entries"].end()) return std::nullopt;
+  TunedChoice c;
+  c.schedule = (*it)["schedule"].get<std::string>();
+  c.knobs = (*it)["knobs"].get<std::map<std::string, std::string>>();
+  c.median_ms = (*it)["median_ms"].get<double>();
+  return c;
+}
+
+}  // namespace kvouter::experiments

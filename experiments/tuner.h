@@ -1,0 +1,59 @@
+// The autotuner: `kvouter tune --shape NAME --target T`. A cartesian space of knobs per schedule
+// family, filtered by an explicit keep() predicate keyed on shape class and target (Triton's
+// autotune), plus the autoscheduled twins as candidates. Each candidate is JIT-compiled, checked
+// against the Eigen float64 oracle (a wrong one is rejected with the reason logged), and timed by
+// the median after warm-up (Highway's auto_tune: a robust statistic, not the minimum); clear
+// losers are dropped after their first run. Every trial is appended to a JSONL log as it
+// finishes, so a rerun resumes; the winner goes into a JSON database keyed by shape class,
+// target, machine fingerprint and Halide version, which the CLI's default choice reads.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvouter/inputs.h"
+
+namespace kvouter::experiments {
+
+struct Candidate {
+  std::string schedule;
+  std::map<std::string, std::string> knobs;
+  std::string key() const;
+};
+
+struct ShapeClass {
+  std::string name;  // e.g. "D128_b64_p16_q8_prefill"
+  int64_t D = 0, block_size = 0, page_size = 0, qhead = 0;
+  bool decode = false;  // mean queries per sequence <= 4
+  static ShapeClass of(const Inputs& in);
+};
+
+// The search space after keep().
+std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target);
+bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target);
+
+struct TuneOptions {
+  std::string shape = "tiny";
+  std::string target = "host";
+  std::string db = "experiments/results/tuning_db.json";
+  std::string log;          // default: experiments/results/tune_<shape>_<target>.jsonl
+  int repeats = 5;          // timed runs per candidate (after one warm-up)
+  double drop_factor = 3;   // a first run this many times slower than the best median is dropped
+  int max_candidates = 0;   // 0 = all
+};
+
+int run_tune(const TuneOptions& opt);
+
+// The database's winner for this case's shape class on this machine, if any.
+struct TunedChoice {
+  std::string schedule;
+  std::map<std::string, std::string> knobs;
+  double median_ms = 0;
+};
+std::optional<TunedChoice> lookup_tuned(const Inputs& in, const std::string& target, const std::string& db);
+
+std::string machine_fingerprint();
+
+}  // namespace kvouter::experiments

@@ -1,0 +1,73 @@
+// The tuner: the keep() predicate, the search space, a short real tuning run with its log and
+// database, resuming, and the database look-up the CLI's default choice uses.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <unistd.h>
+
+#include "case_gen.h"
+#include "tuner.h"
+
+namespace kvouter::experiments {
+namespace {
+
+ShapeClass prefill_class() { return ShapeClass::of(make_case(named_shape("prefill"))); }
+
+TEST(Tuner, ShapeClassNamesTheSpecialisation) {
+  EXPECT_EQ(prefill_class().name, "D128_b64_p16_q8_prefill");
+  EXPECT_EQ(ShapeClass::of(make_case(named_shape("decode"))).name, "D128_b64_p16_q8_decode");
+}
+
+TEST(Tuner, KeepFiltersTheSpace) {
+  const ShapeClass s = prefill_class();
+  auto c = [](std::string sched, std::string T, std::string chunk, std::string rows, std::string unroll) {
+    return Candidate{sched, {{"T", T}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
+  };
+  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "4", "4"), s, "host"));
+  EXPECT_FALSE(keep(c("cpu_tiled", "16", "128", "4", "4"), s, "host"));  // chunk past the block
+  EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "8", "4"), s, "host"));   // 32 accumulators
+  EXPECT_FALSE(keep(c("cpu_simple", "16", "64", "2", "4"), s, "host"));  // knob it ignores
+  EXPECT_FALSE(keep(c("cpu_tiled", "2", "64", "4", "4"), s, "host"));    // tiny tiles on prefill
+  EXPECT_TRUE(keep(Candidate{"auto_li2018", {}}, s, "host"));
+  const auto space = tuning_space(s, "host");
+  std::set<std::string> keys;
+  for (const auto& cand : space) {
+    EXPECT_TRUE(keys.insert(cand.key()).second) << "duplicate " << cand.key();
+    EXPECT_TRUE(keep(cand, s, "host"));
+  }
+  EXPECT_TRUE(keys.count("auto_adams2019"));
+  EXPECT_TRUE(keys.count("cpu_tiled,T=16,chunk=64,rows=4,unroll=4"));
+  EXPECT_GT(space.size(), 20u);
+}
+
+TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvouter_tune_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  TuneOptions opt;
+  opt.shape = "tiny";
+  opt.db = (dir / "db.json").string();
+  opt.log = (dir / "log.jsonl").string();
+  opt.repeats = 2;
+  opt.max_candidates = 3;
+  ASSERT_EQ(run_tune(opt), 0);
+  auto lines = [&] {
+    std::ifstream f(opt.log);
+    int n = 0;
+    for (std::string l; std::getline(f, l);) n += !l.empty();
+    return n;
+  };
+  EXPECT_EQ(lines(), 3);
+  ASSERT_EQ(run_tune(opt), 0);  // everything is in the log: nothing runs again
+  EXPECT_EQ(lines(), 3);
+  const auto choice = lookup_tuned(make_case(named_shape("tiny")), "host", opt.db);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_FALSE(choice->schedule.empty());
+  EXPECT_GT(choice->median_ms, 0);
+  EXPECT_FALSE(lookup_tuned(make_case(named_shape("decode")), "host", opt.db).has_value());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvouter::experiments
