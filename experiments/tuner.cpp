@@ -133,9 +133,11 @@ int run_tune(const TuneOptions& opt) {
                                                 : "experiments/results/tune_" + opt.shape + "_" + opt.target + ".jsonl";
   std::vector<Candidate> space = tuning_space(shape, opt.target);
   if (opt.max_candidates > 0 && static_cast<int>(space.size()) > opt.max_candidates) {
-    // An even spread over the space, twins included (they sit at the end of the list).
-    std::vector<Candidate> picked;
-    for (int i = 0; i < opt.max_candidates; ++i) picked.push_back(space[i * space.size() / opt.max_candidates]);
+    // Every autoscheduled twin, and an even spread over the manual schedules' knob space.
+    std::vector<Candidate> manual, picked;
+    for (const auto& c : space) (c.knobs.empty() ? picked : manual).push_back(c);
+    const int n = std::max(0, opt.max_candidates - static_cast<int>(picked.size()));
+    for (int i = 0; i < n && !manual.empty(); ++i) picked.push_back(manual[i * manual.size() / n]);
     space = picked;
   }
 
