@@ -245,7 +245,10 @@ int cmd_export(const std::vector<std::string>& a) {
   halide::Specialization spec;  // generic unless a case fixes the shape
   if (!from_case.empty()) {
     Inputs in = load_case(from_case);
-    spec = halide::Specialization::of(make_plan(in, {halide::tile_edges_of(knobs)}));
+    const Plan plan = make_plan(in, {halide::tile_edges_of(knobs)});
+    spec = halide::Specialization::of(plan);
+    // Autoscheduled twins are generated for the case's real extents (as the JIT does).
+    if (!info->autoscheduler.empty()) spec = spec.with_extents(plan);
   }
   if (name.empty()) {
     name = "kvouter_" + schedule + (spec.D ? "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) +
@@ -260,6 +263,15 @@ int cmd_export(const std::vector<std::string>& a) {
     for (auto& ch : lower) ch = static_cast<char>(std::tolower(ch));
     autos = std::string(" -p ") + KVOUTER_HALIDE_LIBDIR + "/libautoschedule_" + lower + ".so autoscheduler=" +
             info->autoscheduler + " autoscheduler.parallelism=" + std::to_string(std::thread::hardware_concurrency());
+    // Adams2019's default beam search exhausts memory on this pipeline (see jit.cpp).
+    if (info->autoscheduler == "Adams2019") autos += " autoscheduler.beam_size=1";
+  }
+  std::string est_fwd, est_comb;
+  if (spec.tq) {
+    const std::string common = " est_tq=" + std::to_string(spec.tq) + " est_hq=" + std::to_string(spec.hq) +
+                               " est_hkv=" + std::to_string(spec.hkv);
+    est_fwd = common + " est_pages=" + std::to_string(spec.pages) + " est_tiles=" + std::to_string(spec.tiles);
+    est_comb = common + " est_topk=" + std::to_string(spec.topk) + " est_partials=" + std::to_string(spec.tiles * spec.T);
   }
   auto gen = [&](const std::string& generator, const std::string& fn, const std::string& extra) {
     const std::string cmd = std::string(KVOUTER_GENERATOR_PATH) + " -g " + generator + " -f " + fn + " -o " + out +
@@ -270,8 +282,8 @@ int cmd_export(const std::vector<std::string>& a) {
   };
   std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size);
   for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
-  gen("kvouter_forward", name + "_fwd", fwd_extra);
-  gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain"));
+  gen("kvouter_forward", name + "_fwd", fwd_extra + est_fwd);
+  gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);
   std::printf("exported %s_fwd and %s_comb (static library, header, .stmt, schedule) to %s\n", name.c_str(),
               name.c_str(), out.c_str());
   return 0;

@@ -136,6 +136,7 @@ int run_tune(const TuneOptions& opt) {
     // Every autoscheduled twin, and an even spread over the manual schedules' knob space.
     std::vector<Candidate> manual, picked;
     for (const auto& c : space) (c.knobs.empty() ? picked : manual).push_back(c);
+    if (static_cast<int>(picked.size()) > opt.max_candidates) picked.resize(static_cast<size_t>(opt.max_candidates));
     const int n = std::max(0, opt.max_candidates - static_cast<int>(picked.size()));
     for (int i = 0; i < n && !manual.empty(); ++i) picked.push_back(manual[i * manual.size() / n]);
     space = picked;
