@@ -19,9 +19,27 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
+namespace {
+
+// A small matrix product `product(col, row) += ...` over reduction `red`, computed per chunk at
+// (at, at_var) in register tiles of (unroll x vec) columns by `rows` rows: a wrapper stores the
+// chunk's result, and the product itself is computed per register tile with the reduction loop
+// outermost, so its accumulators stay in registers.
+void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, RVar at_var, const Knobs& k) {
+  Var co("co"), ci("ci"), ro("ro"), ri("ri"), cu("cu"), cv("cv");
+  Func wrapper = product.in();
+  wrapper.compute_at(at, at_var)
+      .tile(col, row, co, ro, ci, ri, k.vec * k.unroll, k.rows, TailStrategy::GuardWithIf)
+      .vectorize(ci, k.vec)
+      .unroll(ri);
+  product.compute_at(wrapper, co).vectorize(col, k.vec).unroll(col).unroll(row);
+  product.update().split(col, cu, cv, k.vec).reorder(cv, cu, row, red).vectorize(cv).unroll(cu).unroll(row);
+}
+
+}  // namespace
+
 void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  Var po("po"), pi("pi"), ro("ro"), ri("ri"), pu("pu"), pv("pv"), dO("dO"), di("di");
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   // The online state of the tile's rows; every per-chunk stage is computed inside its chunk loop.
@@ -32,37 +50,12 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
   f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
 
-  // Scores: register tiles of (unroll*vec positions) x rows.
-  const int pw = k.vec * k.unroll;
-  Func sw = f.s.in();
-  sw.compute_at(f.st, rc)
-      .tile(f.p, f.row, po, ro, pi, ri, pw, k.rows, TailStrategy::GuardWithIf)
-      .vectorize(pi, k.vec)
-      .unroll(ri);
-  f.s.compute_at(sw, po).vectorize(f.p, k.vec).unroll(f.p).unroll(f.row);
-  f.s.update()
-      .split(f.p, pu, pv, k.vec)
-      .reorder(pv, pu, f.row, f.rd.x)
-      .vectorize(pv)
-      .unroll(pu)
-      .unroll(f.row);
+  // Scores (vectorised over positions) and P.V (over D), each in register tiles.
+  register_tiled_product(f.s, f.p, f.row, f.rd.x, f.st, rc, k);
   f.cmax.compute_at(f.st, rc);
   f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   f.csum.compute_at(f.st, rc);
-
-  // P.V: register tiles of (unroll*vec of D) x rows.
-  Func cw = f.cpv.in();
-  cw.compute_at(f.st, rc)
-      .tile(f.d, f.row, dO, ro, di, ri, pw, k.rows, TailStrategy::GuardWithIf)
-      .vectorize(di, k.vec)
-      .unroll(ri);
-  f.cpv.compute_at(cw, dO).vectorize(f.d, k.vec).unroll(f.d).unroll(f.row);
-  f.cpv.update()
-      .split(f.d, pu, pv, k.vec)
-      .reorder(pv, pu, f.row, f.rp.x)
-      .vectorize(pv)
-      .unroll(pu)
-      .unroll(f.row);
+  register_tiled_product(f.cpv, f.d, f.row, f.rp.x, f.st, rc, k);
 }
 
 }  // namespace kvouter::pipeline
