@@ -11,7 +11,7 @@ BUILD   := build
 JOBS    ?= $(shell nproc)
 APT_PKGS := build-essential git python3 python3-venv python3-pip libeigen3-dev libgtest-dev \
             libgmock-dev libbenchmark-dev nlohmann-json3-dev libvulkan-dev libvulkan1 \
-            mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang
+            mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang libyaml-cpp-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Vulkan runs on Mesa's lavapipe (a CPU device) unless the caller chose a driver, under the Khronos
@@ -46,8 +46,18 @@ $(BUILD)/build.ninja: $(VENV)/.installed CMakeLists.txt CMakePresets.json
 build: configure
 	$(VENV)/bin/cmake --build $(BUILD) -j $(JOBS)
 
+DEMO := $(BUILD)/demo
+# The main job: a short default exploration on this machine: every backend on SPEC's tiny shape,
+# a brief tune, a small sweep, the plots; outputs under build/demo/.
 demo: build
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BUILD)/bin/kvouter demo --shape tiny
+	$(BUILD)/bin/kvouter tune --shape tiny --max-candidates 8 --repeats 3 \
+	  --db $(DEMO)/tuning_db.json --log $(DEMO)/tune_tiny_host.jsonl
+	$(BUILD)/bin/kvouter sweep experiments/configs/demo.yaml --out $(DEMO)/sweep_demo.jsonl
+	$(PY) experiments/plot.py --out $(DEMO)/figures $(DEMO) experiments/results/cpu_bench.json
+	@echo
+	@echo "demo outputs in $(DEMO)/: tuning_db.json, tune_tiny_host.jsonl, sweep_demo.jsonl, figures/*.png|svg"
 
 test: build
 	cd $(BUILD) && ../$(VENV)/bin/ctest -j $(JOBS) --output-on-failure --timeout 900

@@ -12,6 +12,7 @@
 
 #include "../reference/dense_eigen.h"
 #include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
 #include "schedules.h"
 #include "case_gen.h"
 #include "cli_util.h"
@@ -19,6 +20,7 @@
 #include "kvouter/errors.h"
 #include "registry.h"
 #include "roofline.h"
+#include "sweep.h"
 #include "tuner.h"
 
 namespace kx = kvouter::experiments;
@@ -59,6 +61,9 @@ void main_help() {
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
                "         [--tuned]   AOT-generate one configuration (generic, or specialised to a case's\n"
                "                     shape; --tuned takes the tuning database's winner for that case)\n"
+               "  sweep CONFIG.yaml [--shard K/N] [--out FILE] [--point ID] [--results DIR]\n"
+               "      run a grid of shapes x runs, checked and timed, one JSONL record per point\n"
+               "  sweep-merge OUT.jsonl IN.jsonl...   join sweep shards\n"
                "  tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE] [--log FILE]\n"
                "      autotune the JIT schedules against the Eigen oracle; resumable; winners go to the\n"
                "      database that `run` reads for its default choice\n\n";
@@ -189,16 +194,22 @@ int cmd_demo(const std::vector<std::string>& args) {
       Plan plan = make_plan(in, backend->plan_options());
       std::vector<double> times;
       Outputs out;
-      for (int i = 0; i < 5; ++i) {
-        out = backend->run(plan, in);
-        times.push_back(backend->last_timing().forward_ms + backend->last_timing().combine_ms);
+      try {
+        for (int i = 0; i < 5; ++i) {
+          out = backend->run(plan, in);
+          times.push_back(backend->last_timing().forward_ms + backend->last_timing().combine_ms);
+        }
+      } catch (const BackendError& e) {
+        std::printf("%-8s %-18s skipped: %s\n", info.name.c_str(), sched.c_str(), e.what());
+        continue;
       }
       std::sort(times.begin(), times.end());
       const double ms = times[2];
       const auto err = kx::compare_outputs(out, ref);
       all_ok &= err.ok();
+      const std::string target = backend->target() == halide::resolve_target("host") ? "host" : backend->target();
       std::printf("%-8s %-18s %-10s %12.3f %12.2f %10.3f %12.2e %s\n", backend->name().c_str(),
-                  backend->schedule().c_str(), backend->target().c_str(), ms, plan.flops() / (ms * 1e6),
+                  backend->schedule().c_str(), target.c_str(), ms, plan.flops() / (ms * 1e6),
                   plan.plan_ms, err.max_out_err, err.ok() ? "ok" : "FAIL");
     }
   }
@@ -320,6 +331,35 @@ int cmd_tune(const std::vector<std::string>& a) {
   return kx::run_tune(opt);
 }
 
+int cmd_sweep(const std::vector<std::string>& a) {
+  kx::SweepOptions opt;
+  opt.results_dir = std::string(KVOUTER_SOURCE_DIR) + "/experiments/results";
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+      return a[++i];
+    };
+    if (a[i] == "--out") opt.out = value();
+    else if (a[i] == "--point") opt.point = value();
+    else if (a[i] == "--results") opt.results_dir = value();
+    else if (a[i] == "--shard") {
+      const std::string v = value();
+      if (std::sscanf(v.c_str(), "%d/%d", &opt.shard, &opt.shards) != 2 || opt.shards < 1 || opt.shard < 1 ||
+          opt.shard > opt.shards) {
+        throw UsageError("--shard: expected K/N with 1 <= K <= N, got '" + v + "'");
+      }
+    } else if (!a[i].empty() && a[i][0] == '-') {
+      throw UsageError("sweep: unknown option '" + a[i] + "'");
+    } else if (opt.config.empty()) {
+      opt.config = a[i];
+    } else {
+      throw UsageError("sweep: unexpected argument '" + a[i] + "'");
+    }
+  }
+  if (opt.config.empty()) throw UsageError("sweep: expected CONFIG.yaml");
+  return kx::run_sweep(opt);
+}
+
 int cmd_make_case(const std::vector<std::string>& args) {
   if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
   save_case(args[1], kx::make_case(kx::named_shape(args[0])));
@@ -354,6 +394,11 @@ int main(int argc, char** argv) {
     if (cmd == "make-case") return cmd_make_case(args);
     if (cmd == "export") return cmd_export(args);
     if (cmd == "tune") return cmd_tune(args);
+    if (cmd == "sweep") return cmd_sweep(args);
+    if (cmd == "sweep-merge") {
+      if (args.size() < 2) throw UsageError("sweep-merge: expected OUT.jsonl IN.jsonl...");
+      return kx::merge_sweeps(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+    }
     throw UsageError("unknown command '" + cmd + "' (see kvouter --help)");
   } catch (const UsageError& e) {
     std::cerr << "kvouter: usage error: " << e.what() << std::endl;

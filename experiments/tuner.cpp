@@ -15,6 +15,7 @@
 #include "../reference/dense_eigen.h"
 #include "case_gen.h"
 #include "cli_util.h"
+#include "measure.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
 #include "kvouter/plan.h"
@@ -185,27 +186,19 @@ int run_tune(const TuneOptions& opt) {
     try {
       auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target});
       const Plan plan = make_plan(in, backend->plan_options());
-      const Outputs got = backend->run(plan, in);  // compiles, then checked before any timing
-      rec["compile_ms"] = backend->last_timing().compile_ms;
-      const auto err = compare_outputs(got, ref);
-      rec["max_err"] = err.max_out_err;
-      if (!err.ok()) {
-        status = "rejected: max|out err| " + std::to_string(err.max_out_err) + ", max|lse err| " +
-                 std::to_string(err.max_lse_err) + " beyond SPEC's tolerance";
+      const Measurement m = measure(*backend, plan, in, ref, opt.repeats,
+                                    best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0);
+      rec["compile_ms"] = m.compile_ms;
+      rec["max_err"] = m.err.max_out_err;
+      if (!m.ok()) {
+        status = "rejected: max|out err| " + std::to_string(m.err.max_out_err) + ", max|lse err| " +
+                 std::to_string(m.err.max_lse_err) + " beyond SPEC's tolerance";
       } else {
-        std::vector<double> times;
-        for (int r = 0; r < opt.repeats; ++r) {
-          backend->run(plan, in);
-          const auto& t = backend->last_timing();
-          times.push_back(t.forward_ms + t.combine_ms);
-          if (r == 0 && times[0] > opt.drop_factor * best_ms) break;  // a clear loser
-        }
-        std::sort(times.begin(), times.end());
-        const double median = times[times.size() / 2];
+        const double median = m.quantile(0.5);
         rec["median_ms"] = median;
-        rec["runs"] = times.size();
+        rec["runs"] = m.ms.size();
         rec["gflops"] = plan.flops() / (median * 1e6);
-        if (static_cast<int>(times.size()) < opt.repeats) {
+        if (static_cast<int>(m.ms.size()) < opt.repeats) {
           status = "dropped";
         } else {
           status = "ok";

@@ -1,0 +1,30 @@
+#include "measure.h"
+
+#include <algorithm>
+
+namespace kvouter::experiments {
+
+double Measurement::quantile(double q) const {
+  if (ms.empty()) return 0;
+  const size_t i = static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5);
+  return ms[std::min(i, ms.size() - 1)];
+}
+
+Measurement measure(Backend& backend, const Plan& plan, const Inputs& in, const Outputs& ref, int repeats,
+                    double stop_after_first_ms) {
+  Measurement m;
+  const Outputs got = backend.run(plan, in);
+  m.compile_ms = backend.last_timing().compile_ms;
+  m.err = compare_outputs(got, ref);
+  if (!m.err.ok()) return m;
+  for (int r = 0; r < repeats; ++r) {
+    backend.run(plan, in);
+    const auto& t = backend.last_timing();
+    m.ms.push_back(t.forward_ms + t.combine_ms);
+    if (r == 0 && stop_after_first_ms > 0 && m.ms[0] > stop_after_first_ms) break;
+  }
+  std::sort(m.ms.begin(), m.ms.end());
+  return m;
+}
+
+}  // namespace kvouter::experiments
