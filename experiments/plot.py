@@ -404,6 +404,12 @@ def _ordered_groups(ms: Iterable[Measurement]) -> list[str]:
     return sorted(first, key=lambda g: (names.index(first[g].shape_name), _shape_order(first[g])))
 
 
+def _family(m) -> str:
+    """The panel a sweep point belongs to: its base shape when the record names one (kvouter's
+    sweeps vary kv, topk and block size inside a base), else its shape name."""
+    return str((m.shape or {}).get("base") or m.shape_name)
+
+
 def speedup_rows(res: Results) -> list[dict]:
     """Speedup over dense: each non-dense record against the fastest dense record of the same
     shape on the same machine; the best knobs per (series, shape)."""
@@ -415,10 +421,10 @@ def speedup_rows(res: Results) -> list[dict]:
     rows = []
     for m in others.values():
         d = dense[(m.shape_key, m.machine)]
-        rows.append({"shape": m.shape_label, "family": m.shape_name, "series": m.series, "knobs": m.knobs_text,
+        rows.append({"shape": m.shape_label, "family": _family(m), "series": m.series, "knobs": m.knobs_text,
                      "sparsity": m.sparsity, "time_ms": m.median_ms, "dense_ms": d.median_ms,
                      "speedup": d.median_ms / m.median_ms})
-    families = list(dict.fromkeys(m.shape_name for m in ok))
+    families = list(dict.fromkeys(_family(m) for m in ok))
     return sorted(rows, key=lambda r: (families.index(r["family"]), r["series"], r["sparsity"] or 0.0))
 
 
