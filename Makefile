@@ -19,7 +19,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export VK_ICD_FILENAMES ?= /usr/share/vulkan/icd.d/lvp_icd.x86_64.json
 export HL_VK_DEVICE_TYPE ?= cpu
 
-.PHONY: setup deps venv configure build demo test bench roofline clean
+.PHONY: setup deps venv configure build demo test test-asan bench roofline clean
 setup: deps venv
 
 deps: .stamps/apt
@@ -40,8 +40,7 @@ $(VENV)/.installed: requirements.txt .stamps/apt
 
 configure: $(BUILD)/build.ninja
 $(BUILD)/build.ninja: $(VENV)/.installed CMakeLists.txt CMakePresets.json
-	$(VENV)/bin/cmake --preset $(PRESET) \
-	  -DCMAKE_PREFIX_PATH="$$($(PY) -c 'import halide, os; print(os.path.join(os.path.dirname(halide.__file__), "lib64", "cmake"))')"
+	$(VENV)/bin/cmake --preset $(PRESET) -DCMAKE_PREFIX_PATH=$(HALIDE_CMAKE)
 
 build: configure
 	$(VENV)/bin/cmake --build $(BUILD) -j $(JOBS)
@@ -59,8 +58,18 @@ demo: build
 	@echo
 	@echo "demo outputs in $(DEMO)/: tuning_db.json, tune_tiny_host.jsonl, sweep_demo.jsonl, figures/*.png|svg"
 
+HALIDE_CMAKE = "$$($(PY) -c 'import halide, os; print(os.path.join(os.path.dirname(halide.__file__), "lib64", "cmake"))')"
+
+# The whole suite, then the unit and correctness suites again under ASan + UBSan (asan preset).
 test: build
 	cd $(BUILD) && ../$(VENV)/bin/ctest -j $(JOBS) --output-on-failure --timeout 900
+	$(MAKE) --no-print-directory test-asan
+
+test-asan: $(VENV)/.installed
+	$(VENV)/bin/cmake --preset asan -DCMAKE_PREFIX_PATH=$(HALIDE_CMAKE) > /dev/null
+	$(VENV)/bin/cmake --build build-asan -j $(JOBS)
+	cd build-asan && ../$(VENV)/bin/ctest -j $(JOBS) -L "unit|correctness" -E "notebooks|install_consumer" \
+	  --output-on-failure --timeout 1800
 
 bench: build
 	mkdir -p experiments/results
