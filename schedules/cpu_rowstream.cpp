@@ -16,10 +16,8 @@ using namespace Halide;
 void cpu_rowstream_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   Var ro("ro"), ri("ri"), pu("pu"), pv("pv");
-  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
-  f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  cpu_tile_level(f, k);
   // Chunk loop outermost, then row blocks: each row block runs scores, weights and P.V back to back.
-  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   f.st.update()
       .split(f.row, ro, ri, k.rows, TailStrategy::GuardWithIf)
       .reorder(f.d, ri, ro, f.rc.x)

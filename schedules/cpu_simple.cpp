@@ -11,11 +11,16 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+void cpu_tile_level(ForwardFuncs& f, const Knobs& k) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
   f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+}
+
+void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  cpu_tile_level(f, k);
   f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);

@@ -40,10 +40,8 @@ void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, R
 
 void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
-  f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
-  // The online state of the tile's rows; every per-chunk stage is computed inside its chunk loop.
-  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  cpu_tile_level(f, k);
+  // The online state's chunk loop; every per-chunk stage is computed inside it.
   f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   // K chunk transposed: positions innermost.

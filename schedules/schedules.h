@@ -21,6 +21,11 @@ struct ScheduleInfo {
 const std::vector<ScheduleInfo>& all_schedules();
 const ScheduleInfo* find_schedule(const std::string& name);
 
+// What every CPU schedule shares: tiles in parallel (knob grain), the packed output and the
+// tile's gathered query rows vectorised, and the online state computed per tile, vectorised
+// over D. The state's chunk loop (update) is left to the schedule.
+void cpu_tile_level(ForwardFuncs& f, const Knobs& k);
+
 // Per-file entry points (one pair per schedule file).
 void cpu_simple_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
