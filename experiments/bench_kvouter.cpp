@@ -16,6 +16,7 @@
 #include "cli_util.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
+#include "provenance.h"
 #include "registry.h"
 #include "roofline.h"
 
@@ -89,11 +90,7 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   state.counters["plan_ms"] = plan.plan_ms;
   state.counters["compile_ms"] = backend->last_timing().compile_ms;
   state.counters["kv_GB/s"] = plan.kv_unit_bytes() / secs / 1e9;
-  // Roofline bound of the shape: the larger of compute at peak and the compulsory traffic (each
-  // selected K/V block once, q read, out written) at the measured read bandwidth.
-  const double bytes = plan.kv_unit_bytes() + 2.0 * data.in.q.numel() * sizeof(float);
-  const double bound_s = std::max(plan.flops() / (roofline().fma_gflops * 1e9), bytes / (roofline().read_gbps * 1e9));
-  state.counters["pct_roofline"] = 100.0 * bound_s / secs;
+  state.counters["pct_roofline"] = 100.0 * kx::roofline_bound_ms(plan, data.in, roofline()) / 1e3 / secs;
   state.counters["max_err"] = err.max_out_err;
   if (cfg.backend == "direct") direct_seconds()[shape] = secs;
   const auto it = direct_seconds().find(shape);
@@ -115,10 +112,9 @@ int main(int argc, char** argv) {
     }
   }
   // How to reproduce every row: revision, Halide version, target, and the command.
-  benchmark::AddCustomContext("git_rev", KVOUTER_GIT_REV);
-  benchmark::AddCustomContext("halide_version", std::to_string(HALIDE_VERSION_MAJOR) + "." +
-                                                    std::to_string(HALIDE_VERSION_MINOR) + "." +
-                                                    std::to_string(HALIDE_VERSION_PATCH));
+  benchmark::AddCustomContext("git_rev", kx::git_revision());
+  benchmark::AddCustomContext("halide_version", kx::halide_version());
+  benchmark::AddCustomContext("machine", kx::machine_fingerprint());
   benchmark::AddCustomContext("host_target", halide::resolve_target("host"));
   benchmark::AddCustomContext("repro", "make build && build/bin/kvouter_bench --benchmark_out=FILE "
                                        "--benchmark_out_format=json (KVOUTER_BENCH_SHAPES=tiny,prefill,decode)");

@@ -42,8 +42,4 @@ inline ErrorReport compare_outputs(const Outputs& got, const Outputs& ref) {
   return r;
 }
 
-inline double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace kvouter::experiments

@@ -34,6 +34,19 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The value after option a[i] (advancing i), or a usage error naming the option.
+std::string option_value(const std::vector<std::string>& a, size_t& i) {
+  if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+  return a[++i];
+}
+
+// --param KEY=VALUE into a knob map.
+void add_param(const std::string& kv, std::map<std::string, std::string>* params) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
+  (*params)[kv.substr(0, eq)] = kv.substr(eq + 1);
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -89,20 +102,13 @@ struct RunArgs {
 RunArgs parse_run(const std::vector<std::string>& a) {
   RunArgs r;
   for (size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
-      return a[++i];
-    };
+    auto value = [&] { return option_value(a, i); };
     if (a[i] == "--out") r.out_dir = value();
     else if (a[i] == "--backend") r.cfg.backend = value();
     else if (a[i] == "--schedule") r.cfg.schedule = value();
     else if (a[i] == "--target") r.cfg.target = value();
-    else if (a[i] == "--param") {
-      const std::string kv = value();
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
-      r.cfg.params[kv.substr(0, eq)] = kv.substr(eq + 1);
-    } else if (a[i] == "--repeat") {
+    else if (a[i] == "--param") add_param(value(), &r.cfg.params);
+    else if (a[i] == "--repeat") {
       const std::string v = value();
       try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
       if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
@@ -223,22 +229,15 @@ int cmd_export(const std::vector<std::string>& a) {
   bool tuned = false;
   std::map<std::string, std::string> params;
   for (size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
-      return a[++i];
-    };
+    auto value = [&] { return option_value(a, i); };
     if (a[i] == "--schedule") schedule = value();
     else if (a[i] == "--target") target = value();
     else if (a[i] == "--out") out = value();
     else if (a[i] == "--name") name = value();
     else if (a[i] == "--from-case") from_case = value();
     else if (a[i] == "--tuned") tuned = true;
-    else if (a[i] == "--param") {
-      const std::string kv = value();
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
-      params[kv.substr(0, eq)] = kv.substr(eq + 1);
-    } else {
+    else if (a[i] == "--param") add_param(value(), &params);
+    else {
       throw UsageError("export: unknown argument '" + a[i] + "'");
     }
   }
@@ -304,10 +303,7 @@ int cmd_tune(const std::vector<std::string>& a) {
   kx::TuneOptions opt;
   bool db_given = false;
   for (size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
-      return a[++i];
-    };
+    auto value = [&] { return option_value(a, i); };
     auto number = [&](const std::string& v) {
       try {
         return std::stoi(v);
@@ -335,10 +331,7 @@ int cmd_sweep(const std::vector<std::string>& a) {
   kx::SweepOptions opt;
   opt.results_dir = std::string(KVOUTER_SOURCE_DIR) + "/experiments/results";
   for (size_t i = 0; i < a.size(); ++i) {
-    auto value = [&]() -> std::string {
-      if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
-      return a[++i];
-    };
+    auto value = [&] { return option_value(a, i); };
     if (a[i] == "--out") opt.out = value();
     else if (a[i] == "--point") opt.point = value();
     else if (a[i] == "--results") opt.results_dir = value();

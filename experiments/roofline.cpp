@@ -107,6 +107,11 @@ Roofline measure_roofline(double seconds_per_probe) {
   return r;
 }
 
+double roofline_bound_ms(const Plan& plan, const Inputs& in, const Roofline& r) {
+  const double bytes = plan.kv_unit_bytes() + 2.0 * static_cast<double>(in.q.numel()) * sizeof(float);
+  return std::max(plan.flops() / (r.fma_gflops * 1e6), bytes / (r.read_gbps * 1e6));
+}
+
 std::string roofline_json(const Roofline& r) {
   std::ostringstream os;
   os << "{\"fp32_fma_gflops\": " << r.fma_gflops << ", \"read_gbps\": " << r.read_gbps

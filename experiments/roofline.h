@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "kvouter/plan.h"
+
 namespace kvouter::experiments {
 
 struct Roofline {
@@ -13,6 +15,11 @@ struct Roofline {
 };
 
 Roofline measure_roofline(double seconds_per_probe = 0.5);
+
+// The roofline bound of a planned case on this machine, in milliseconds: the larger of its FLOPs at
+// the FP32 peak and its compulsory traffic (each selected K/V block once, q read, out written) at
+// the read bandwidth.
+double roofline_bound_ms(const Plan& plan, const Inputs& in, const Roofline& r);
 std::string roofline_json(const Roofline& r);
 
 }  // namespace kvouter::experiments

@@ -20,7 +20,7 @@
 #include "measure.h"
 #include "registry.h"
 #include "roofline.h"
-#include "tuner.h"
+#include "provenance.h"
 
 namespace kvouter::experiments {
 
@@ -75,13 +75,6 @@ json shape_json(const ShapePoint& p, const CaseSpec& s) {
   return {{"name", p.id()}, {"base", p.base}, {"B", s.qo.size()}, {"qo", s.qo.empty() ? 0 : s.qo[0]},
           {"kv", s.kv.empty() ? 0 : s.kv[0]}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D},
           {"block_size", s.block_size}, {"page_size", s.page_size}, {"topk", s.topk}, {"causal", s.causal}};
-}
-
-std::string now_iso() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
 }
 
 // The grid of a config, in a fixed order (shards and resumes rely on it).
@@ -202,9 +195,7 @@ int run_sweep(const SweepOptions& opt) {
     json rec = {{"kind", "sweep"}, {"sweep", name}, {"point", id}, {"shape", shape_json(sp, cs)},
                 {"backend", run.cfg.backend}, {"schedule", run.cfg.schedule}, {"knobs", run.cfg.params},
                 {"target", run.cfg.target.empty() ? "host" : run.cfg.target},
-                {"git_rev", KVOUTER_GIT_REV}, {"halide_version", std::to_string(HALIDE_VERSION_MAJOR) + "." +
-                                                                  std::to_string(HALIDE_VERSION_MINOR) + "." +
-                                                                  std::to_string(HALIDE_VERSION_PATCH)},
+                {"git_rev", git_revision()}, {"halide_version", halide_version()},
                 {"machine", machine_fingerprint()}, {"peak_gflops", roof.fma_gflops}, {"read_gbps", roof.read_gbps},
                 {"repro", "build/bin/kvouter sweep " + opt.config + " --point '" + id + "'"},
                 {"timestamp", now_iso()}};
@@ -224,9 +215,7 @@ int run_sweep(const SweepOptions& opt) {
         rec["gflops"] = plan.flops() / (med * 1e6);
         rec["pct_peak"] = 100.0 * plan.flops() / (med * 1e6) / roof.fma_gflops;
         rec["kv_gbps"] = plan.kv_unit_bytes() / (med * 1e6);
-        const double bytes = plan.kv_unit_bytes() + 2.0 * in.q.numel() * sizeof(float);
-        const double bound_ms = std::max(plan.flops() / (roof.fma_gflops * 1e6), bytes / (roof.read_gbps * 1e6));
-        rec["pct_roofline"] = 100.0 * bound_ms / med;
+        rec["pct_roofline"] = 100.0 * roofline_bound_ms(plan, in, roof) / med;
         rec["plan_ms"] = plan.plan_ms;
         rec["compile_ms"] = m.compile_ms;
       } else {

@@ -16,6 +16,7 @@
 #include "case_gen.h"
 #include "cli_util.h"
 #include "measure.h"
+#include "provenance.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
 #include "kvouter/plan.h"
@@ -27,18 +28,6 @@ namespace kvouter::experiments {
 namespace {
 
 using json = nlohmann::json;
-
-std::string halide_version() {
-  return std::to_string(HALIDE_VERSION_MAJOR) + "." + std::to_string(HALIDE_VERSION_MINOR) + "." +
-         std::to_string(HALIDE_VERSION_PATCH);
-}
-
-std::string now_iso() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 std::string db_key(const std::string& shape_class, const std::string& target) {
   return shape_class + "|" + target + "|" + machine_fingerprint() + "|halide-" + halide_version();
@@ -111,19 +100,6 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
   return out;
 }
 
-std::string machine_fingerprint() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line, model = "unknown-cpu";
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
-  const std::string target = halide::resolve_target("host");
-  return model + " x" + std::to_string(std::thread::hardware_concurrency()) +
-         (target.find("avx512") != std::string::npos ? " avx512" : "");
-}
 
 int run_tune(const TuneOptions& opt) {
   register_all_backends();

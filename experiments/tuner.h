@@ -54,6 +54,4 @@ struct TunedChoice {
 };
 std::optional<TunedChoice> lookup_tuned(const Inputs& in, const std::string& target, const std::string& db);
 
-std::string machine_fingerprint();
-
 }  // namespace kvouter::experiments

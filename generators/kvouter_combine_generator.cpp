@@ -20,7 +20,6 @@ class KvouterCombine : public Generator<KvouterCombine> {
   GeneratorParam<int> qhead{"qhead", 0};
   GeneratorParam<int> vec{"vec", 16};
   GeneratorParam<int> grain{"grain", 1};
-  GeneratorParam<int> gpu_rows{"gpu_rows", 8};
   // Estimates for the autoschedulers (see kvouter_forward).
   GeneratorParam<int> est_tq{"est_tq", 2048};
   GeneratorParam<int> est_hq{"est_hq", 16};
@@ -88,7 +87,6 @@ class KvouterCombine : public Generator<KvouterCombine> {
     Knobs k;
     k.vec = vec;
     k.grain = grain;
-    k.gpu_rows = gpu_rows;
     info->combine(f, k, get_target());
   }
 };

@@ -29,7 +29,6 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> rows{"rows", 4};
   GeneratorParam<int> unroll{"unroll", 4};
   GeneratorParam<int> grain{"grain", 1};
-  GeneratorParam<int> gpu_rows{"gpu_rows", 8};
   // Estimates for the autoschedulers (default: the prefill shape). Autoscheduled twins are
   // compiled with the real extents, so their splits never exceed an output's extent.
   GeneratorParam<int> est_tq{"est_tq", 2048};
@@ -43,7 +42,8 @@ class KvouterForward : public Generator<KvouterForward> {
   Input<Buffer<float, 4>> v_pages{"v_pages"};
   Input<Buffer<int32_t, 1>> tile_head{"tile_head"};    // (tile)
   Input<Buffer<int32_t, 2>> tile_pages{"tile_pages"};  // (page in block, tile)
-  Input<Buffer<int32_t, 3>> tile_edges{"tile_edges"};  // (field, edge, tile): field 0 query, 1 limit
+  Input<Buffer<int32_t, 2>> tile_query{"tile_query"};  // (edge, tile)
+  Input<Buffer<int32_t, 2>> tile_limit{"tile_limit"};  // (edge, tile)
   Input<float> scale{"scale"};
   Output<Buffer<float, 3>> partials{"partials"};       // (ch, row, tile), row = edge * qhead + lane
 
@@ -58,13 +58,10 @@ class KvouterForward : public Generator<KvouterForward> {
     Expr BS = static_block ? Expr(int(block_size)) : PS * PPB;
     Expr Hkv = k_pages.dim(2).extent();
     Expr QH = qhead > 0 ? Expr(int(qhead)) : q.dim(1).extent() / Hkv;
-    Expr T = tile_edge_count > 0 ? Expr(int(tile_edge_count)) : tile_edges.dim(1).extent();
+    Expr T = tile_edge_count > 0 ? Expr(int(tile_edge_count)) : tile_query.dim(0).extent();
     const int C = static_block ? std::min(int(chunk), int(block_size)) : int(chunk);
     Expr NC = (BS + C - 1) / C;
     f.D = D;
-    f.C = C;
-    f.num_chunks = NC;
-    f.rows_per_tile = T * QH;
     f.static_D = head_dim;
     f.rd = RDom(0, D, "rd");
     f.rp = RDom(0, C, "rp");
@@ -74,7 +71,7 @@ class KvouterForward : public Generator<KvouterForward> {
     // padding edges (tile_query = -1) and unallocated pages (-1), which the mask then removes.
     Expr h = clamp(tile_head(tile), 0, Hkv - 1);
     Expr edge = row / QH, lane = row % QH;
-    Expr query = clamp(tile_edges(0, clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
+    Expr query = clamp(tile_query(clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
     f.qf(d, row, tile) = q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query) * scale;
     Expr pos = c * C + p;
     Expr page = tile_pages(clamp(pos / PS, 0, PPB - 1), tile);
@@ -83,14 +80,14 @@ class KvouterForward : public Generator<KvouterForward> {
     f.vf(d, p, c, tile) = v_pages(d, pos % PS, h, phys);
     // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
     // the block, on an allocated page.
-    Expr attended = pos < min(tile_edges(1, clamp(edge, 0, T - 1), tile), BS) && page >= 0;
+    Expr attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
 
     const float kMasked = layout::kMaskedScore;
     f.s(p, row, c, tile) = 0.f;
     f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
     Expr pos_r = c * C + f.rp.x;
     Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
-    Expr attended_r = pos_r < min(tile_edges(1, clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+    Expr attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
     f.cmax(row, c, tile) = kMasked;
     f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
     f.pexp(p, row, c, tile) = select(attended, exp(f.s(p, row, c, tile) - f.cmax(row, c, tile)), 0.f);
@@ -132,9 +129,10 @@ class KvouterForward : public Generator<KvouterForward> {
       v_pages.dim(1).set_bounds(0, int(page_size));
     }
     if (static_block) tile_pages.dim(0).set_bounds(0, int(block_size) / int(page_size));
-    tile_edges.dim(0).set_bounds(0, 2);
-    tile_edges.dim(0).set_stride(1);
-    if (tile_edge_count > 0) tile_edges.dim(1).set_bounds(0, int(tile_edge_count));
+    if (tile_edge_count > 0) {
+      tile_query.dim(0).set_bounds(0, int(tile_edge_count));
+      tile_limit.dim(0).set_bounds(0, int(tile_edge_count));
+    }
     if (tile_edge_count > 0 && qhead > 0) partials.dim(1).set_bounds(0, int(tile_edge_count) * int(qhead));
 
     const int eD = head_dim > 0 ? int(head_dim) : 128, eP = page_size > 0 ? int(page_size) : 16;
@@ -145,7 +143,8 @@ class KvouterForward : public Generator<KvouterForward> {
     v_pages.set_estimates({{0, eD}, {0, eP}, {0, int(est_hkv)}, {0, int(est_pages)}});
     tile_head.set_estimates({{0, int(est_tiles)}});
     tile_pages.set_estimates({{0, eB / eP}, {0, int(est_tiles)}});
-    tile_edges.set_estimates({{0, 2}, {0, eT}, {0, int(est_tiles)}});
+    tile_query.set_estimates({{0, eT}, {0, int(est_tiles)}});
+    tile_limit.set_estimates({{0, eT}, {0, int(est_tiles)}});
     scale.set_estimate(0.088f);
     partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eT * eQH}, {0, int(est_tiles)}});
 
@@ -155,7 +154,7 @@ class KvouterForward : public Generator<KvouterForward> {
       throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
                          "' is not a manual forward schedule");
     }
-    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain), int(gpu_rows)};
+    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain)};
     info->forward(f, k, get_target());
   }
 };

@@ -17,7 +17,6 @@ struct Knobs {
   int rows = 4;     // register-tile rows (edge x head-lane rows per inner tile)
   int unroll = 4;   // vectors per register-tile row (positions or D)
   int grain = 1;    // tiles per parallel task
-  int gpu_rows = 8;  // GPU: rows per thread group slice
 };
 
 // kvouter_forward: per tile, per chunk c of the block
@@ -45,7 +44,7 @@ struct ForwardFuncs {
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions
   Halide::RDom rc;      // over chunks
-  Halide::Expr D, C, num_chunks, rows_per_tile;  // extents (constants where specialised)
+  Halide::Expr D;       // head dimension (a constant where specialised)
   int static_D = 0;     // 0 when D is a run-time extent
 };
 

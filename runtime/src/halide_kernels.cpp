@@ -5,7 +5,6 @@
 #include <chrono>
 #include <limits>
 #include <sstream>
-#include <tuple>
 
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
@@ -76,19 +75,14 @@ std::string Specialization::str() const {
   return os.str();
 }
 
-bool Specialization::operator<(const Specialization& o) const {
-  return std::tie(D, page_size, block_size, qhead, T, tq, hq, hkv, pages, tiles, topk) <
-         std::tie(o.D, o.page_size, o.block_size, o.qhead, o.T, o.tq, o.hq, o.hkv, o.pages, o.tiles, o.topk);
-}
-
 const std::vector<std::string>& knob_names() {
-  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "gpu_rows"};
+  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain"};
   return names;
 }
 
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
   std::map<std::string, std::string> k = {{"T", "0"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
-                                          {"unroll", "4"}, {"grain", "1"}, {"gpu_rows", "8"}};
+                                          {"unroll", "4"}, {"grain", "1"}};
   for (const auto& [name, value] : params) {
     if (!k.count(name)) {
       std::string known;
@@ -143,9 +137,10 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
     auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
     auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
     auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
-    auto edges = wrap(ts.tile_edges.data(), {ts.num_tiles, ts.T, 2});
+    auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
+    auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
     auto part = wrap(partials.ptr(), partials.shape);
-    check_rc(kernels.forward(q, k, v, head, pages, edges, p.scale, part), "forward", kernels);
+    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
   }
   const auto t1 = std::chrono::steady_clock::now();
   auto part = wrap(partials.ptr(), partials.shape);

@@ -88,7 +88,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},
                                      {"D", std::to_string(req.spec.D)},
                                      {"qhead", std::to_string(req.spec.qhead)}};
-  for (const char* k : {"vec", "grain", "gpu_rows"}) {
+  for (const char* k : {"vec", "grain"}) {
     if (req.knobs.count(k)) comb[k] = req.knobs.at(k);
   }
   if (req.spec.tq) {
@@ -108,8 +108,8 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
     Halide::Callable f = compile_generator(target, "kvouter_forward", fwd, req.autoscheduler);
     Halide::Callable c = compile_generator(target, "kvouter_combine", comb, req.autoscheduler);
     ck->kernels.forward = [f](halide_buffer_t* q, halide_buffer_t* k, halide_buffer_t* v, halide_buffer_t* head,
-                              halide_buffer_t* pages, halide_buffer_t* edges, float scale,
-                              halide_buffer_t* part) { return f(q, k, v, head, pages, edges, scale, part); };
+                              halide_buffer_t* pages, halide_buffer_t* query, halide_buffer_t* limit, float scale,
+                              halide_buffer_t* part) { return f(q, k, v, head, pages, query, limit, scale, part); };
     ck->kernels.combine = [c](halide_buffer_t* part, halide_buffer_t* pidx, halide_buffer_t* out,
                               halide_buffer_t* lse) { return c(part, pidx, out, lse); };
   } catch (const Halide::Error& e) {

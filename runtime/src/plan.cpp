@@ -142,11 +142,6 @@ TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64
   for (size_t i = 0; i < ix.inverse.size(); ++i) {
     if (ix.inverse[i] >= 0) ts.partial_index[i] = edge_partial[static_cast<size_t>(ix.inverse[i])];
   }
-  ts.tile_edges.resize(ts.tile_query.size() * 2);
-  for (size_t i = 0; i < ts.tile_query.size(); ++i) {
-    ts.tile_edges[2 * i] = ts.tile_query[i];
-    ts.tile_edges[2 * i + 1] = ts.tile_limit[i];
-  }
   return ts;
 }
 

@@ -14,7 +14,7 @@
 namespace kvouter::halide {
 
 using AotForwardFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*,
-                             halide_buffer_t*, halide_buffer_t*, float, halide_buffer_t*);
+                             halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, float, halide_buffer_t*);
 using AotCombineFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
 
 struct AotVariant {

@@ -15,7 +15,7 @@ namespace kvouter::halide {
 // Argument order of the kvouter_forward and kvouter_combine generators.
 using ForwardFn = std::function<int(halide_buffer_t* q, halide_buffer_t* k_pages, halide_buffer_t* v_pages,
                                     halide_buffer_t* tile_head, halide_buffer_t* tile_pages,
-                                    halide_buffer_t* tile_edges, float scale,
+                                    halide_buffer_t* tile_query, halide_buffer_t* tile_limit, float scale,
                                     halide_buffer_t* partials)>;
 using CombineFn = std::function<int(halide_buffer_t* partials, halide_buffer_t* partial_index,
                                     halide_buffer_t* out, halide_buffer_t* lse)>;
@@ -34,7 +34,6 @@ struct Specialization {
   Specialization with_extents(const Plan& plan) const;
   static Specialization of(const Plan& plan);
   std::string str() const;
-  bool operator<(const Specialization& o) const;
 };
 
 // The knobs a schedule understands, as GeneratorParams (name -> value). T is the plan's tile size.

@@ -39,7 +39,6 @@ struct TileSet {
   std::vector<int32_t> tile_pages;     // [num_tiles, ppb]
   std::vector<int32_t> tile_query;     // [num_tiles, T]
   std::vector<int32_t> tile_limit;     // [num_tiles, T]
-  std::vector<int32_t> tile_edges;     // [num_tiles, T, 2] (query, limit), the pipelines' input
   std::vector<int32_t> partial_index;  // [Tq, Hkv, topk]
   std::vector<int32_t> edge_partial;   // [edges] index edge -> partial row tile * T + slot
 

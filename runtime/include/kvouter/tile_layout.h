@@ -10,9 +10,6 @@
 //   tile_query  int32 [num_tiles, T]         query token of each edge, kNoQuery for padding
 //   tile_limit  int32 [num_tiles, T]         the edge attends block positions [0, limit): the
 //                                            tighter of L_b and its causal bound; 0 for padding
-//   tile_edges  int32 [num_tiles, T, 2]      (query, limit) interleaved: what the pipelines read
-//                                            (one buffer: Halide 21's Vulkan backend read zeros
-//                                            from a separate tile_limit buffer on lavapipe)
 //   partial_index int32 [Tq, Hkv, topk]      (query, KV head, rank) -> partial row tile*T + edge,
 //                                            or kNoPartial (padding, duplicate, dropped, pruned)
 //
