@@ -9,6 +9,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
 #include "kvouter/jit.h"
+#include "kvouter/vulkan_probe.h"
 #include "schedules.h"
 
 namespace kvouter::experiments {
@@ -26,16 +27,22 @@ void register_all_backends() {
            for (const auto& s : pipeline::all_schedules()) names.push_back(s.name);
            return names;
          },
-         [] { return std::vector<std::string>{"host"}; },
+         [] {
+           std::vector<std::string> t = {"host"};
+           if (!vulkan_devices().empty()) t.push_back("host-vulkan");
+           return t;
+         },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
            const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
            if (!info) {
              std::string known;
              for (const auto& s : pipeline::all_schedules()) known += (known.empty() ? "" : ", ") + s.name;
              throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
            }
+           // GPU schedules default to a chunk whose shared-memory staging fits 32 KiB (lavapipe).
+           if (info->device == "vulkan" && !c.params.count("chunk")) c.params["chunk"] = "8";
            return halide::make_jit_backend(c, info->autoscheduler, info->device);
          }});
   halide::register_generated_aot_kernels();
@@ -56,12 +63,15 @@ void register_all_backends() {
          },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
+           if (is_vulkan_target(c.target)) require_vulkan_device();
            return halide::make_aot_backend(c);
          }});
 }
 
 const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
+const char* default_vulkan_schedule() { return "vulkan_tiled"; }
+bool is_vulkan_target(const std::string& target) { return target.find("vulkan") != std::string::npos; }
 
 }  // namespace kvouter::experiments

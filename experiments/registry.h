@@ -1,6 +1,8 @@
 // The one place where backends are registered: adding a backend is a class plus one line here.
 #pragma once
 
+#include <string>
+
 namespace kvouter::experiments {
 
 void register_all_backends();
@@ -8,5 +10,7 @@ void register_all_backends();
 // The backend the CLI uses when --backend is not given: the fastest correct one on this machine.
 const char* default_backend();
 const char* default_cpu_schedule();
+const char* default_vulkan_schedule();
+bool is_vulkan_target(const std::string& target);
 
 }  // namespace kvouter::experiments

@@ -31,5 +31,10 @@ void cpu_simple_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 void cpu_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void cpu_rowstream_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void vulkan_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
+// GPU schedules need the shapes that size shared memory specialised; throws CompileError if not.
+void vulkan_require_static(const ForwardFuncs& f, const char* name);
 
 }  // namespace kvouter::pipeline

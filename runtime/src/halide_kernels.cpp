@@ -46,6 +46,82 @@ void check_rc(int rc, const char* stage, const Kernels& k) {
   }
 }
 
+// A device-resident copy of a C-order array. Halide 21's Vulkan allocator corrupts or fails
+// buffers whose byte size is not a multiple of 64 (lavapipe; shared/notes/halide21-vulkan.md), and
+// a device crop is sized by the crop, so every device buffer is whole: its outermost dimension is
+// extended to a multiple of 16 (every float/int32 buffer is then a multiple of 64 bytes) and
+// zero-filled. The pipelines see the padded extents: padded queries, pages and tiles are never
+// referenced by real ones (a zero tile has limit 0: fully masked), and padded output rows are
+// dropped on the way back.
+int64_t pad16(int64_t n) { return (std::max<int64_t>(n, 1) + 15) / 16 * 16; }
+
+template <class T>
+Buffer<T> device_array(const T* data, std::vector<int64_t> shape, int64_t count, const halide_device_interface_t* dev) {
+  shape[0] = pad16(shape[0]);
+  Buffer<T> b = wrap<T>(nullptr, shape);
+  b.allocate();
+  b.fill(T{});
+  if (data) std::copy(data, data + count, b.data());
+  b.set_host_dirty();
+  if (b.copy_to_device(dev) != 0) {
+    throw BackendError("halide: allocating a device buffer of " + std::to_string(b.size_in_bytes()) +
+                       " bytes failed");
+  }
+  return b;
+}
+
+template <class T>
+void download(Buffer<T>& b, T* dst, int64_t count, const Kernels& k) {
+  check_rc(b.copy_to_host(), "copying results back", k);
+  std::copy(b.data(), b.data() + count, dst);
+}
+
+Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
+  const Problem& p = plan.problem;
+  const TileSet& ts = plan.tiles;
+  const halide_device_interface_t* dev = kernels.device;
+  const int64_t C = p.D + layout::kPartialExtra;
+  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool any = ts.num_tiles > 0;
+  const int64_t nt = any ? ts.num_tiles : 1, T = any ? ts.T : 1;
+  auto q = device_array(in.q.ptr(), in.q.shape, in.q.numel(), dev);
+  auto k = device_array(in.k_pages.ptr(), in.k_pages.shape, in.k_pages.numel(), dev);
+  auto v = device_array(in.v_pages.ptr(), in.v_pages.shape, in.v_pages.numel(), dev);
+  auto head = device_array(any ? ts.tile_head.data() : nullptr, {nt}, nt, dev);
+  auto pages = device_array(any ? ts.tile_pages.data() : nullptr, {nt, ts.ppb}, nt * ts.ppb, dev);
+  auto query = device_array(any ? ts.tile_query.data() : nullptr, {nt, T}, nt * T, dev);
+  auto limit = device_array(any ? ts.tile_limit.data() : nullptr, {nt, T}, nt * T, dev);
+  auto pidx = device_array(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk}, p.Tq * p.Hkv * p.topk, dev);
+  // The partials stay on the device between the two kernels. With no tile, one empty edge.
+  std::vector<float> empty;
+  if (!any) {
+    empty.assign(static_cast<size_t>(p.qhead * C), 0.f);
+    for (int64_t l = 0; l < p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
+  }
+  auto part = device_array(any ? nullptr : empty.data(), {nt, T * p.qhead, C}, static_cast<int64_t>(empty.size()), dev);
+  auto out = device_array<float>(nullptr, res.out.shape, 0, dev);
+  auto lse = device_array<float>(nullptr, res.lse.shape, 0, dev);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (any) {
+    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+    check_rc(part.device_sync(), "forward (sync)", kernels);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
+  check_rc(out.device_sync(), "combine (sync)", kernels);
+  const auto t3 = std::chrono::steady_clock::now();
+  download(out, res.out.ptr(), res.out.numel(), kernels);
+  download(lse, res.lse.ptr(), res.lse.numel(), kernels);
+  const auto t4 = std::chrono::steady_clock::now();
+  timing->forward_ms = ms_between(t1, t2);
+  timing->combine_ms = ms_between(t2, t3);
+  timing->transfer_ms = ms_between(t0, t1) + ms_between(t3, t4);
+  finish_lse(res.lse);
+  return res;
+}
+
 }  // namespace
 
 Specialization Specialization::of(const Plan& plan) {
@@ -112,13 +188,14 @@ int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return 
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
-  timing->forward_ms = timing->combine_ms = 0;
+  timing->forward_ms = timing->combine_ms = timing->transfer_ms = 0;
   if (p.Tq == 0) return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   const int64_t partial_elems = std::max<int64_t>(ts.num_partials(), 1) * p.qhead * (p.D + layout::kPartialExtra);
   if (partial_elems > std::numeric_limits<int32_t>::max()) {
     throw BackendError("halide: the partials of this plan hold " + std::to_string(partial_elems) +
                        " floats, beyond Halide's int32 buffer indexing; run fewer queries per call");
   }
+  if (kernels.device) return run_on_device(kernels, plan, in, timing);
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
 
   const int64_t C = p.D + layout::kPartialExtra;

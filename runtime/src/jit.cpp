@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvouter/errors.h"
+#include "kvouter/vulkan_probe.h"
 
 namespace kvouter::halide {
 
@@ -26,7 +27,11 @@ Halide::Target to_target(const std::string& target) {
   if (!Halide::Target::validate_target_string(target)) {
     throw BackendError("--target: '" + target + "' is not a Halide target string");
   }
-  return Halide::Target(target);
+  Halide::Target t(target);
+  // The pipelines index with 64-bit integers in places; Halide's Vulkan codegen needs vk_int64
+  // for that (without it compilation fails).
+  if (t.has_feature(Halide::Target::Vulkan)) t = t.with_feature(Halide::Target::VulkanInt64);
+  return t;
 }
 
 // The autoscheduler plugins ship beside libHalide.so in the wheel.
@@ -77,6 +82,8 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
 std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   const Halide::Target target = to_target(req.target);
+  const bool vulkan = target.has_feature(Halide::Target::Vulkan);
+  if (vulkan) require_vulkan_device();  // Halide's Vulkan runtime would abort() without one
 
   Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
                                     {"D", std::to_string(req.spec.D)},
@@ -117,6 +124,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                        "} for " + target.to_string() + " failed: " + e.what());
   }
   ck->kernels.description = "jit " + req.key();
+  if (vulkan) ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
   ck->target = target.to_string();
   ck->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return ck;
@@ -137,10 +145,14 @@ class JitBackend final : public Backend {
   JitBackend(const BackendConfig& cfg, std::string autoscheduler, const std::string& device)
       : schedule_(cfg.schedule), autoscheduler_(std::move(autoscheduler)), knobs_(checked_knobs(cfg.params)),
         target_(resolve_target(cfg.target)) {
-    if (to_target(target_).has_gpu_feature()) {
-      throw BackendError("--target " + target_ + ": GPU targets have no schedule yet (the Vulkan schedules are "
-                         "work in progress, see README); the " + device + " schedule '" + schedule_ +
-                         "' needs a host target");
+    const Halide::Target t = to_target(target_);
+    if (t.has_gpu_feature() && !t.has_feature(Halide::Target::Vulkan)) {
+      throw BackendError("--target " + target_ + ": the only GPU API kvouter schedules is Vulkan (host-vulkan)");
+    }
+    const bool vulkan_target = t.has_feature(Halide::Target::Vulkan);
+    if ((device == "vulkan") != vulkan_target) {
+      throw BackendError("--schedule " + schedule_ + " is a " + device + " schedule, but --target " + target_ +
+                         (vulkan_target ? " is a Vulkan target" : " has no GPU feature (use host-vulkan)"));
     }
   }
   std::string name() const override { return "jit"; }

@@ -32,7 +32,8 @@ Outputs combine_partials(const Plan& plan, const Partials& parts);
 struct RunTiming {
   double forward_ms = 0;
   double combine_ms = 0;
-  double compile_ms = 0;  // JIT compile of the last run; never counted above
+  double compile_ms = 0;   // JIT compile of the last run; never counted above
+  double transfer_ms = 0;  // host <-> device copies of the last run (GPU targets); never counted above
 };
 
 // What a backend is asked to be: the CLI's --backend/--schedule/--param/--target.

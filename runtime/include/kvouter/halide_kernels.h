@@ -24,6 +24,9 @@ struct Kernels {
   ForwardFn forward;
   CombineFn combine;
   std::string description;  // variant name, for errors
+  // The device the kernels run on (Vulkan), or nullptr for host kernels. Device buffers are
+  // padded to a multiple of 64 bytes (Halide 21's Vulkan allocator, see README).
+  const halide_device_interface_t* device = nullptr;
 };
 
 // Shape constants a variant may be specialised on (0 = generic).

@@ -1,0 +1,28 @@
+// Finding a Vulkan device before Halide touches one: Halide 21's Vulkan runtime aborts the process
+// when no instance or device can be created, so the runtime asks the Vulkan loader itself first.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvouter {
+
+struct VulkanDevice {
+  std::string name;
+  std::string type;  // "cpu", "discrete-gpu", "integrated-gpu", "virtual-gpu", "other"
+  uint32_t api_version = 0;
+};
+
+// The physical devices the loader reports (empty when there is no loader, no driver or no
+// device). Never aborts.
+std::vector<VulkanDevice> vulkan_devices(std::string* why = nullptr);
+
+// HL_VK_ALLOC_CONFIG (pool MB : min block MB : max block MB : max blocks : round-to bytes) the
+// runtime sets for Halide 21's Vulkan allocator unless the caller set it.
+inline constexpr const char* kHalideVulkanAllocConfig = "0:64:0:0:64";
+
+// Throws BackendError with the reason when no Vulkan device can be used. Must run before the
+// first Vulkan pipeline call (sets HL_VK_ALLOC_CONFIG, see vulkan_probe.cpp).
+void require_vulkan_device();
+
+}  // namespace kvouter

@@ -1,0 +1,70 @@
+#include "kvouter/vulkan_probe.h"
+
+#include <dlfcn.h>
+#include <vulkan/vulkan.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "kvouter/errors.h"
+
+namespace kvouter {
+
+std::vector<VulkanDevice> vulkan_devices(std::string* why) {
+  std::vector<VulkanDevice> out;
+  auto fail = [&](const std::string& w) {
+    if (why) *why = w;
+    return out;
+  };
+  void* lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return fail("the Vulkan loader libvulkan.so.1 cannot be loaded");
+  auto get = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib, "vkGetInstanceProcAddr"));
+  if (!get) return fail("libvulkan.so.1 has no vkGetInstanceProcAddr");
+  auto create = reinterpret_cast<PFN_vkCreateInstance>(get(nullptr, "vkCreateInstance"));
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "kvouter", 1, "kvouter", 1, VK_API_VERSION_1_1};
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, nullptr, 0, &app, 0, nullptr, 0, nullptr};
+  VkInstance inst = VK_NULL_HANDLE;
+  if (!create || create(&ci, nullptr, &inst) != VK_SUCCESS) {
+    return fail("vkCreateInstance failed: no Vulkan driver (ICD) is installed or it failed to initialise");
+  }
+  auto enumerate = reinterpret_cast<PFN_vkEnumeratePhysicalDevices>(get(inst, "vkEnumeratePhysicalDevices"));
+  auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(inst, "vkGetPhysicalDeviceProperties"));
+  auto destroy = reinterpret_cast<PFN_vkDestroyInstance>(get(inst, "vkDestroyInstance"));
+  uint32_t n = 0;
+  if (enumerate && enumerate(inst, &n, nullptr) == VK_SUCCESS && n > 0) {
+    std::vector<VkPhysicalDevice> devs(n);
+    enumerate(inst, &n, devs.data());
+    for (auto d : devs) {
+      VkPhysicalDeviceProperties p{};
+      props(d, &p);
+      const char* type = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU              ? "cpu"
+                         : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU   ? "discrete-gpu"
+                         : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated-gpu"
+                         : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? "virtual-gpu"
+                                                                                  : "other";
+      out.push_back({p.deviceName, type, p.apiVersion});
+    }
+  }
+  if (destroy) destroy(inst, nullptr);
+  if (out.empty()) return fail("the Vulkan loader found no physical device");
+  return out;
+}
+
+void require_vulkan_device() {
+  static std::once_flag once;
+  static std::string reason;
+  static bool ok = false;
+  std::call_once(once, [] {
+    ok = !vulkan_devices(&reason).empty();
+    // Halide 21's Vulkan allocator rounds the region of a kernel's scalar-argument uniform buffer
+    // down to 64 bytes: a kernel with 84 bytes of scalar arguments (the forward's, with its int32
+    // tile arrays' strides last) then read zeros for them on lavapipe (robust buffer access), and
+    // every edge looked empty. Rounding every region up to 64 bytes fixes it (measured, see
+    // README). The device buffers are padded to 64 bytes as well (halide_kernels.cpp). A caller's
+    // own setting wins. Set here, once, before Halide's Vulkan runtime first reads it.
+    setenv("HL_VK_ALLOC_CONFIG", kHalideVulkanAllocConfig, 0);
+  });
+  if (!ok) throw BackendError("vulkan: no usable Vulkan device: " + reason);
+}
+
+}  // namespace kvouter
