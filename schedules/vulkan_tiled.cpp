@@ -6,6 +6,9 @@
 // Shared memory: 4 * chunk * (2 D + 2 rows) + 8 rows bytes: chunk 8 fits lavapipe's 32 KiB at
 // D 128 and 128 rows; chunk 16 fits the H200's 48 KiB. Needs D, block, qhead and T specialised.
 // Measured figure: README.md's GPU table (H200, host-vulkan).
+#include <algorithm>
+
+#include "kvouter/tile_layout.h"
 #include "schedules.h"
 
 namespace kvouter::pipeline {
@@ -17,7 +20,7 @@ constexpr int kChannelsPerThread = 4;
 }
 
 void vulkan_require_static(const ForwardFuncs& f, const char* name) {
-  if (!f.static_D) {
+  if (!f.static_D || !f.static_rows) {
     throw CompileError(std::string(name) + ": GPU schedules need D, block_size, page_size, qhead and T "
                        "specialised (shared-memory sizes must be static)");
   }
@@ -26,7 +29,12 @@ void vulkan_require_static(const ForwardFuncs& f, const char* name) {
 void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   vulkan_require_static(f, "vulkan_tiled");
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  const int CH = kChannelsPerThread, R = k.rows;
+  const int CH = kChannelsPerThread;
+  // Rows per thread: the knob, raised (in powers of two) until the workgroup fits the 1024
+  // invocations Vulkan guarantees (lavapipe and the H200 both allow exactly 1024).
+  int R = std::max(1, k.rows);
+  const int groups = (f.static_D + layout::kPartialExtra + CH - 1) / CH;
+  while (R < f.static_rows && groups * ((f.static_rows + R - 1) / R) > 1024) R *= 2;
   Var cho("cho"), chi("chi"), ro("ro"), ri("ri"), dO("dO"), di("di"), so("so"), si("si"), t1("t1");
   // One workgroup per tile; thread (cho, ro) owns CH channels x R rows of the output...
   f.out.compute_root()

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "kvouter/errors.h"
+#include "kvouter/vulkan_probe.h"
 
 namespace kvouter::halide {
 
@@ -47,11 +48,15 @@ class AotBackend final : public Backend {
   std::map<std::string, std::string> params() const override {
     return {{"T", knobs_.at("T")}, {"variant", last_variant_}};
   }
-  PlanOptions plan_options() const override { return {tile_edges_of(knobs_)}; }
+  PlanOptions plan_options() const override {
+    PlanOptions o{tile_edges_of(knobs_)};
+    if (target_.find("vulkan") != std::string::npos) o.max_batch_partial_floats = vulkan_max_buffer_floats();
+    return o;
+  }
   Outputs run(const Plan& plan, const Inputs& in) override {
     const AotVariant& v = aot_select(schedule_, target_, plan);
     last_variant_ = v.name;
-    Kernels k{v.forward, v.combine, "aot " + v.name};
+    Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
     timing_.compile_ms = 0;
     try {
       return run_kernels(k, plan, in, &timing_);

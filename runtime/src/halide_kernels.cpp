@@ -76,48 +76,105 @@ void download(Buffer<T>& b, T* dst, int64_t count, const Kernels& k) {
   std::copy(b.data(), b.data() + count, dst);
 }
 
+// The K/V pages the plan's tiles reference, gathered into a compact pool (tile_pages renumbered):
+// the device holds only what the kernels can read, so a cache larger than one storage-buffer
+// binding (4 GiB on the H200, 128 MiB on lavapipe) still runs when its selected pages fit.
+struct CompactPages {
+  std::vector<float> k, v;
+  std::vector<int32_t> tile_pages;
+  int64_t pages = 0;
+};
+
+CompactPages compact_pages(const Inputs& in, const TileSet& ts) {
+  CompactPages c;
+  const int64_t page_floats = in.k_pages.numel() / std::max<int64_t>(in.k_pages.shape[0], 1);
+  std::vector<int32_t> remap(static_cast<size_t>(in.k_pages.shape[0]), -1);
+  c.tile_pages = ts.tile_pages;
+  for (int32_t& pg : c.tile_pages) {
+    if (pg < 0) continue;
+    int32_t& r = remap[static_cast<size_t>(pg)];
+    if (r < 0) r = static_cast<int32_t>(c.pages++);
+    pg = r;
+  }
+  c.k.resize(static_cast<size_t>(std::max<int64_t>(c.pages, 1) * page_floats));
+  c.v.resize(c.k.size());
+  for (size_t pg = 0; pg < remap.size(); ++pg) {
+    if (remap[pg] < 0) continue;
+    const int64_t src = static_cast<int64_t>(pg) * page_floats, dst = int64_t{remap[pg]} * page_floats;
+    std::copy(in.k_pages.ptr() + src, in.k_pages.ptr() + src + page_floats, c.k.data() + dst);
+    std::copy(in.v_pages.ptr() + src, in.v_pages.ptr() + src + page_floats, c.v.data() + dst);
+  }
+  c.pages = std::max<int64_t>(c.pages, 1);
+  return c;
+}
+
 Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const halide_device_interface_t* dev = kernels.device;
   const int64_t C = p.D + layout::kPartialExtra;
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  using clock = std::chrono::steady_clock;
+  double fwd = 0, comb = 0, xfer = 0;
+  auto t = clock::now();
+  auto lap = [&t](double& into) {
+    const auto now = clock::now();
+    into += ms_between(t, now);
+    t = now;
+  };
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool any = ts.num_tiles > 0;
-  const int64_t nt = any ? ts.num_tiles : 1, T = any ? ts.T : 1;
+  CompactPages pool = compact_pages(in, ts);
+  std::vector<int64_t> kv_shape = in.k_pages.shape;
+  kv_shape[0] = pool.pages;
   auto q = device_array(in.q.ptr(), in.q.shape, in.q.numel(), dev);
-  auto k = device_array(in.k_pages.ptr(), in.k_pages.shape, in.k_pages.numel(), dev);
-  auto v = device_array(in.v_pages.ptr(), in.v_pages.shape, in.v_pages.numel(), dev);
-  auto head = device_array(any ? ts.tile_head.data() : nullptr, {nt}, nt, dev);
-  auto pages = device_array(any ? ts.tile_pages.data() : nullptr, {nt, ts.ppb}, nt * ts.ppb, dev);
-  auto query = device_array(any ? ts.tile_query.data() : nullptr, {nt, T}, nt * T, dev);
-  auto limit = device_array(any ? ts.tile_limit.data() : nullptr, {nt, T}, nt * T, dev);
-  auto pidx = device_array(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk}, p.Tq * p.Hkv * p.topk, dev);
-  // The partials stay on the device between the two kernels. With no tile, one empty edge.
-  std::vector<float> empty;
-  if (!any) {
-    empty.assign(static_cast<size_t>(p.qhead * C), 0.f);
-    for (int64_t l = 0; l < p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
+  auto k = device_array(pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()), dev);
+  auto v = device_array(pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()), dev);
+  lap(xfer);
+  const int64_t Q = std::max<int64_t>(ts.query_batch, 1);
+  const int64_t batches = std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t t0 = std::min(b * Q, p.Tq), t1 = b + 1 == batches ? p.Tq : std::min((b + 1) * Q, p.Tq);
+    if (t1 <= t0) continue;
+    const int64_t tb = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[b];
+    const int64_t te = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[b + 1];
+    const bool any = te > tb;
+    const int64_t nt = any ? te - tb : 1, T = any ? ts.T : 1;
+    auto head = device_array(any ? ts.tile_head.data() + tb : nullptr, {nt}, nt, dev);
+    auto pages = device_array(any ? pool.tile_pages.data() + tb * ts.ppb : nullptr, {nt, ts.ppb}, nt * ts.ppb, dev);
+    auto query = device_array(any ? ts.tile_query.data() + tb * T : nullptr, {nt, T}, nt * T, dev);
+    auto limit = device_array(any ? ts.tile_limit.data() + tb * T : nullptr, {nt, T}, nt * T, dev);
+    // The batch's partial_index, rebased to its own tiles.
+    std::vector<int32_t> pidx_host(ts.partial_index.begin() + t0 * p.Hkv * p.topk, ts.partial_index.begin() + t1 * p.Hkv * p.topk);
+    for (int32_t& x : pidx_host) {
+      if (x >= 0) x = static_cast<int32_t>(x - tb * ts.T);
+    }
+    auto pidx = device_array(pidx_host.data(), {t1 - t0, p.Hkv, p.topk}, static_cast<int64_t>(pidx_host.size()), dev);
+    // The partials stay on the device between the two kernels. With no tile, one empty edge.
+    std::vector<float> empty;
+    if (!any) {
+      empty.assign(static_cast<size_t>(p.qhead * C), 0.f);
+      for (int64_t l = 0; l < p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
+    }
+    auto part = device_array(any ? nullptr : empty.data(), {nt, T * p.qhead, C}, static_cast<int64_t>(empty.size()), dev);
+    auto out = device_array<float>(nullptr, {t1 - t0, p.Hq, p.D}, 0, dev);
+    auto lse = device_array<float>(nullptr, {t1 - t0, p.Hq}, 0, dev);
+    check_rc(q.device_sync(), "uploads (sync)", kernels);
+    lap(xfer);
+    if (any) {
+      check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+      check_rc(part.device_sync(), "forward (sync)", kernels);
+    }
+    lap(fwd);
+    check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
+    check_rc(out.device_sync(), "combine (sync)", kernels);
+    lap(comb);
+    download(out, res.out.ptr() + t0 * p.Hq * p.D, (t1 - t0) * p.Hq * p.D, kernels);
+    download(lse, res.lse.ptr() + t0 * p.Hq, (t1 - t0) * p.Hq, kernels);
+    lap(xfer);
   }
-  auto part = device_array(any ? nullptr : empty.data(), {nt, T * p.qhead, C}, static_cast<int64_t>(empty.size()), dev);
-  auto out = device_array<float>(nullptr, res.out.shape, 0, dev);
-  auto lse = device_array<float>(nullptr, res.lse.shape, 0, dev);
-  const auto t1 = std::chrono::steady_clock::now();
-  if (any) {
-    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
-    check_rc(part.device_sync(), "forward (sync)", kernels);
-  }
-  const auto t2 = std::chrono::steady_clock::now();
-  check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
-  check_rc(out.device_sync(), "combine (sync)", kernels);
-  const auto t3 = std::chrono::steady_clock::now();
-  download(out, res.out.ptr(), res.out.numel(), kernels);
-  download(lse, res.lse.ptr(), res.lse.numel(), kernels);
-  const auto t4 = std::chrono::steady_clock::now();
-  timing->forward_ms = ms_between(t1, t2);
-  timing->combine_ms = ms_between(t2, t3);
-  timing->transfer_ms = ms_between(t0, t1) + ms_between(t3, t4);
+  timing->forward_ms = fwd;
+  timing->combine_ms = comb;
+  timing->transfer_ms = xfer;
   finish_lse(res.lse);
   return res;
 }
@@ -190,10 +247,18 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
   const TileSet& ts = plan.tiles;
   timing->forward_ms = timing->combine_ms = timing->transfer_ms = 0;
   if (p.Tq == 0) return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
-  const int64_t partial_elems = std::max<int64_t>(ts.num_partials(), 1) * p.qhead * (p.D + layout::kPartialExtra);
-  if (partial_elems > std::numeric_limits<int32_t>::max()) {
-    throw BackendError("halide: the partials of this plan hold " + std::to_string(partial_elems) +
-                       " floats, beyond Halide's int32 buffer indexing; run fewer queries per call");
+  const int64_t row_floats = p.qhead * (p.D + layout::kPartialExtra);
+  int64_t batch_partials = std::max<int64_t>(ts.num_partials(), 1) * row_floats;
+  if (kernels.device) {
+    batch_partials = 0;
+    for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
+      batch_partials = std::max(batch_partials, (ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * ts.T * row_floats);
+    }
+  }
+  if (batch_partials > std::numeric_limits<int32_t>::max()) {
+    throw BackendError("halide: the partials of this plan hold " + std::to_string(batch_partials) +
+                       " floats, beyond Halide's int32 buffer indexing; plan with query batches "
+                       "(PlanOptions::max_batch_partial_floats) or run fewer queries per call");
   }
   if (kernels.device) return run_on_device(kernels, plan, in, timing);
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};

@@ -159,7 +159,11 @@ class JitBackend final : public Backend {
   std::string schedule() const override { return schedule_; }
   std::string target() const override { return target_; }
   std::map<std::string, std::string> params() const override { return knobs_; }
-  PlanOptions plan_options() const override { return {tile_edges_of(knobs_)}; }
+  PlanOptions plan_options() const override {
+    PlanOptions o{tile_edges_of(knobs_)};
+    if (to_target(target_).has_feature(Halide::Target::Vulkan)) o.max_batch_partial_floats = vulkan_max_buffer_floats();
+    return o;
+  }
   Outputs run(const Plan& plan, const Inputs& in) override {
     Specialization spec = Specialization::of(plan);
     if (!autoscheduler_.empty()) spec = spec.with_extents(plan);

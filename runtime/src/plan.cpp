@@ -97,15 +97,29 @@ KvIndex build_kvouter_index(const Inputs& in, const Problem& p) {
   return ix;
 }
 
-TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64_t T) {
+TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch) {
   if (T <= 0) throw InputError("tile_edges (T)", "a positive number of edges per tile", std::to_string(T));
   TileSet ts;
   ts.T = T;
   ts.ppb = p.ppb;
+  const int64_t Q = query_batch > 0 ? query_batch : std::max<int64_t>(p.Tq, 1);
+  ts.query_batch = Q;
+  const int64_t batches = std::max<int64_t>((p.Tq + Q - 1) / Q, 1);
+  // Tiles never mix batches: a unit's edges (ascending by query) are cut at batch boundaries.
+  // Tiles are ordered by batch, then unit; one batch keeps the plain unit order.
   int64_t n = 0;
-  for (int64_t u = 0; u < ix.num_units(); ++u) {
-    const int64_t e = ix.unit_edge_begin[u + 1] - ix.unit_edge_begin[u];
-    n += (e + T - 1) / T;
+  {
+    std::vector<int64_t> cursor(ix.unit_edge_begin.begin(), ix.unit_edge_begin.end() - (ix.num_units() > 0 ? 1 : 0));
+    for (int64_t bt = 0; bt < batches; ++bt) {
+      for (int64_t u = 0; u < ix.num_units(); ++u) {
+        int64_t e = cursor[u];
+        const int64_t e_end = ix.unit_edge_begin[u + 1];
+        int64_t count = 0;
+        while (e < e_end && (bt == batches - 1 || ix.edge_query[e] < (bt + 1) * Q)) ++e, ++count;
+        cursor[u] = e;
+        n += (count + T - 1) / T;
+      }
+    }
   }
   int64_t partials = 0;
   if (__builtin_mul_overflow(n, T, &partials) || partials >= std::numeric_limits<int32_t>::max()) {
@@ -118,26 +132,34 @@ TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64
   ts.tile_query.assign(static_cast<size_t>(n * T), layout::kNoQuery);
   ts.tile_limit.assign(static_cast<size_t>(n * T), 0);
   ts.partial_index.assign(ix.inverse.size(), layout::kNoPartial);
+  ts.batch_tile_begin.assign(1, 0);
   std::vector<int32_t>& edge_partial = ts.edge_partial;
   edge_partial.resize(static_cast<size_t>(ix.num_edges()));
 
+  std::vector<int64_t> cursor(ix.unit_edge_begin.begin(), ix.unit_edge_begin.end() - (ix.num_units() > 0 ? 1 : 0));
   int64_t tile = 0;
-  for (int64_t u = 0; u < ix.num_units(); ++u) {
-    const int64_t b = ix.unit_batch[u], blk = ix.unit_block[u];
-    for (int64_t e0 = ix.unit_edge_begin[u]; e0 < ix.unit_edge_begin[u + 1]; e0 += T, ++tile) {
-      ts.tile_head[tile] = ix.unit_head[u];
-      ts.tile_unit[tile] = static_cast<int32_t>(u);
-      for (int64_t j = 0; j < p.ppb; ++j) {
-        ts.tile_pages[tile * p.ppb + j] = page_of(in, p, b, blk * p.ppb + j);
+  for (int64_t bt = 0; bt < batches; ++bt) {
+    for (int64_t u = 0; u < ix.num_units(); ++u) {
+      const int64_t b = ix.unit_batch[u], blk = ix.unit_block[u];
+      int64_t e_end = cursor[u];
+      while (e_end < ix.unit_edge_begin[u + 1] && (bt == batches - 1 || ix.edge_query[e_end] < (bt + 1) * Q)) ++e_end;
+      for (int64_t e0 = cursor[u]; e0 < e_end; e0 += T, ++tile) {
+        ts.tile_head[tile] = ix.unit_head[u];
+        ts.tile_unit[tile] = static_cast<int32_t>(u);
+        for (int64_t j = 0; j < p.ppb; ++j) {
+          ts.tile_pages[tile * p.ppb + j] = page_of(in, p, b, blk * p.ppb + j);
+        }
+        const int64_t e1 = std::min(e0 + T, e_end);
+        for (int64_t e = e0; e < e1; ++e) {
+          const int64_t slot = tile * T + (e - e0);
+          ts.tile_query[slot] = ix.edge_query[e];
+          ts.tile_limit[slot] = ix.edge_limit[e];
+          edge_partial[e] = static_cast<int32_t>(slot);
+        }
       }
-      const int64_t e1 = std::min(e0 + T, ix.unit_edge_begin[u + 1]);
-      for (int64_t e = e0; e < e1; ++e) {
-        const int64_t slot = tile * T + (e - e0);
-        ts.tile_query[slot] = ix.edge_query[e];
-        ts.tile_limit[slot] = ix.edge_limit[e];
-        edge_partial[e] = static_cast<int32_t>(slot);
-      }
+      cursor[u] = e_end;
     }
+    ts.batch_tile_begin.push_back(tile);
   }
   for (size_t i = 0; i < ix.inverse.size(); ++i) {
     if (ix.inverse[i] >= 0) ts.partial_index[i] = edge_partial[static_cast<size_t>(ix.inverse[i])];
@@ -163,9 +185,33 @@ Plan make_plan(const Inputs& in, const PlanOptions& opt) {
   Plan plan;
   plan.problem = validate(in);
   plan.index = build_kvouter_index(in, plan.problem);
-  plan.tiles = build_tiles(in, plan.problem, plan.index,
-                           opt.tile_edges > 0 ? opt.tile_edges : auto_tile_edges(plan.index));
   const Problem& p = plan.problem;
+  const int64_t T = opt.tile_edges > 0 ? opt.tile_edges : auto_tile_edges(plan.index);
+  plan.tiles = build_tiles(in, p, plan.index, T);
+  if (opt.max_batch_partial_floats > 0) {
+    // Query batches whose partials each fit the limit: start from the even split, halve the
+    // batch until every batch fits (tiles cut at batch boundaries add padding rows).
+    const int64_t row_floats = p.qhead * (p.D + layout::kPartialExtra);
+    auto fits = [&](const TileSet& ts) {
+      for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
+        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * ts.T * row_floats > opt.max_batch_partial_floats) return false;
+      }
+      return true;
+    };
+    if (!fits(plan.tiles)) {
+      const double total = static_cast<double>(plan.tiles.num_partials()) * static_cast<double>(row_floats);
+      int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt.max_batch_partial_floats) / total));
+      for (;;) {
+        plan.tiles = build_tiles(in, p, plan.index, T, Q);
+        if (fits(plan.tiles)) break;
+        if (Q == 1) {
+          throw BackendError("plan: the partials of one query exceed the device's buffer limit of " +
+                             std::to_string(opt.max_batch_partial_floats) + " floats");
+        }
+        Q = std::max<int64_t>(1, Q / 2);
+      }
+    }
+  }
   for (int64_t u = 0; u < plan.index.num_units(); ++u) {
     for (int64_t e = plan.index.unit_edge_begin[u]; e < plan.index.unit_edge_begin[u + 1]; ++e) {
       plan.attended_pairs += attended_in_block(in, p, plan.index.unit_batch[u],

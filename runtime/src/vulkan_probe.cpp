@@ -4,6 +4,8 @@
 #include <vulkan/vulkan.h>
 
 #include <cstdlib>
+#include <algorithm>
+#include <limits>
 #include <mutex>
 
 #include "kvouter/errors.h"
@@ -42,12 +44,22 @@ std::vector<VulkanDevice> vulkan_devices(std::string* why) {
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated-gpu"
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? "virtual-gpu"
                                                                                   : "other";
-      out.push_back({p.deviceName, type, p.apiVersion});
+      out.push_back({p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange});
     }
   }
   if (destroy) destroy(inst, nullptr);
   if (out.empty()) return fail("the Vulkan loader found no physical device");
   return out;
+}
+
+int64_t vulkan_max_buffer_floats() {
+  static const int64_t floats = [] {
+    uint64_t bytes = 0;
+    for (const auto& d : vulkan_devices()) bytes = bytes == 0 ? d.max_storage_buffer_bytes : std::min(bytes, d.max_storage_buffer_bytes);
+    const int64_t f = static_cast<int64_t>(bytes / sizeof(float)) - 16;
+    return std::max<int64_t>(0, std::min<int64_t>(f, std::numeric_limits<int32_t>::max() - 16));
+  }();
+  return floats;
 }
 
 void require_vulkan_device() {

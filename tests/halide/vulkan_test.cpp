@@ -9,6 +9,7 @@
 #include "dense_eigen.h"
 #include "kvouter/aot.h"
 #include "kvouter/errors.h"
+#include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedules.h"
@@ -31,10 +32,21 @@ std::vector<std::string> vulkan_schedules() {
 }
 
 void check(const std::string& backend_name, const std::string& schedule, const Inputs& in, const std::string& what,
-           std::map<std::string, std::string> knobs = {}) {
+           std::map<std::string, std::string> knobs = {}, int64_t batches = 1) {
   experiments::register_all_backends();
   auto backend = BackendRegistry::instance().make({backend_name, schedule, std::move(knobs), "host-vulkan"});
-  const Plan plan = make_plan(in, backend->plan_options());
+  PlanOptions opt = backend->plan_options();
+  EXPECT_GT(opt.max_batch_partial_floats, 0) << "Vulkan backends plan within the device's buffer limit";
+  if (batches > 1) {
+    // Force query batches: each batch's partials at most 1/batches of the whole.
+    const Plan whole = make_plan(in, opt);
+    const Problem& p = whole.problem;
+    opt.max_batch_partial_floats = whole.tiles.num_partials() * p.qhead * (p.D + layout::kPartialExtra) / batches;
+  }
+  const Plan plan = make_plan(in, opt);
+  if (batches > 1) {
+    EXPECT_GT(plan.tiles.batch_tile_begin.size(), 2u);
+  }
   const Outputs got = backend->run(plan, in);
   const auto err = experiments::compare_outputs(got, reference::dense_attention<double>(in, plan.problem));
   EXPECT_TRUE(err.ok()) << backend_name << " " << schedule << " on " << what << ": max|out err| " << err.max_out_err
@@ -67,6 +79,20 @@ TEST(Vulkan, OddSizesNeedingPadding) {
   s.Hq = 3; s.Hkv = 1; s.D = 5; s.block_size = 4; s.page_size = 2; s.topk = 3;
   for (const auto& schedule : vulkan_schedules()) {
     check("jit", schedule, experiments::make_case(s), "odd sizes", {{"T", "3"}});
+  }
+}
+
+TEST(Vulkan, QueryBatchesMatchTheOracle) {
+  REQUIRE_VULKAN();
+  // Batches are how plans larger than one device buffer run (gpu-prefill's partials are 17 GB):
+  // every batch's forward and combine on its own tiles, partial_index rebased per batch.
+  for (const auto& schedule : vulkan_schedules()) {
+    check("jit", schedule, experiments::make_case(experiments::named_shape("tiny")), "tiny in 4 batches", {}, 4);
+    experiments::CaseSpec s;
+    s.qo = {5, 9, 3};
+    s.kv = {40, 90, 17};
+    s.Hq = 4; s.Hkv = 2; s.D = 16; s.block_size = 8; s.page_size = 4; s.topk = 5;
+    check("jit", schedule, experiments::make_case(s), "varlen in 3 batches", {{"T", "2"}}, 3);
   }
 }
 

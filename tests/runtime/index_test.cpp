@@ -4,6 +4,7 @@
 
 #include "case_gen.h"
 #include "case_kinds.h"
+#include "kvouter/errors.h"
 #include "kvouter/plan.h"
 #include "kvouter/tile_layout.h"
 
@@ -133,6 +134,53 @@ TEST(Tiles, CoverEveryEdgeOnceWithPadding) {
       for (int32_t page : ts.tile_pages) EXPECT_LT(page, p.num_pages);
     }
   }
+}
+
+TEST(Tiles, QueryBatchesKeepTheirPartialsApart) {
+  for (const auto& [name, spec] : testing::case_kinds()) {
+    Inputs in = experiments::make_case(spec);
+    const Problem p = validate(in);
+    const KvIndex ix = build_kvouter_index(in, p);
+    const TileSet whole = build_tiles(in, p, ix, 4);
+    ASSERT_EQ(whole.batch_tile_begin, (std::vector<int64_t>{0, whole.num_tiles}));
+    for (int64_t Q : {1, 3, 7}) {
+      SCOPED_TRACE(name + " Q=" + std::to_string(Q));
+      const TileSet ts = build_tiles(in, p, ix, 4, Q);
+      ASSERT_EQ(ts.query_batch, Q);
+      ASSERT_EQ(ts.batch_tile_begin.front(), 0);
+      ASSERT_EQ(ts.batch_tile_begin.back(), ts.num_tiles);
+      int64_t real = 0;
+      for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
+        for (int64_t s = ts.batch_tile_begin[b] * ts.T; s < ts.batch_tile_begin[b + 1] * ts.T; ++s) {
+          if (ts.tile_query[s] == layout::kNoQuery) continue;
+          ++real;
+          EXPECT_EQ(ts.tile_query[s] / Q, static_cast<int32_t>(b)) << "slot " << s;
+        }
+      }
+      EXPECT_EQ(real, ix.num_edges());
+      for (size_t i = 0; i < ix.inverse.size(); ++i) {
+        if (ix.inverse[i] < 0) continue;
+        const int64_t t = static_cast<int64_t>(i) / (p.Hkv * p.topk), slot = ts.partial_index[i];
+        EXPECT_EQ(ts.tile_query[slot], t);
+        EXPECT_GE(slot / ts.T, ts.batch_tile_begin[t / Q]);
+        EXPECT_LT(slot / ts.T, ts.batch_tile_begin[t / Q + 1]);
+      }
+    }
+  }
+}
+
+TEST(Plan, BatchesQueriesToFitAPartialLimit) {
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Plan whole = make_plan(in, {4});
+  const int64_t row = whole.problem.qhead * (whole.problem.D + layout::kPartialExtra);
+  const int64_t limit = whole.tiles.num_partials() * row / 5;
+  const Plan split = make_plan(in, {4, limit});
+  ASSERT_GT(split.tiles.batch_tile_begin.size(), 2u);
+  for (size_t b = 0; b + 1 < split.tiles.batch_tile_begin.size(); ++b) {
+    EXPECT_LE((split.tiles.batch_tile_begin[b + 1] - split.tiles.batch_tile_begin[b]) * split.tiles.T * row, limit);
+  }
+  EXPECT_EQ(split.attended_pairs, whole.attended_pairs);
+  EXPECT_THROW(make_plan(in, {4, row - 1}), BackendError);
 }
 
 TEST(Plan, FlopsCountAttendedTriples) {

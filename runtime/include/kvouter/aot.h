@@ -25,6 +25,7 @@ struct AotVariant {
   std::string knobs;     // "k=v,..." as generated (the knobs not in spec)
   AotForwardFn forward;
   AotCombineFn combine;
+  const halide_device_interface_t* (*device)() = nullptr;  // Vulkan variants: the device interface
 };
 
 void aot_register(const AotVariant& v);

@@ -41,16 +41,24 @@ struct TileSet {
   std::vector<int32_t> tile_limit;     // [num_tiles, T]
   std::vector<int32_t> partial_index;  // [Tq, Hkv, topk]
   std::vector<int32_t> edge_partial;   // [edges] index edge -> partial row tile * T + slot
+  // Query batches (a device's buffer limits): batch b holds queries [b * query_batch, (b + 1) *
+  // query_batch) and tiles [batch_tile_begin[b], batch_tile_begin[b + 1]); its queries' partials
+  // lie in its tiles only. One batch (query_batch >= Tq) unless make_plan was asked for more.
+  int64_t query_batch = 0;
+  std::vector<int64_t> batch_tile_begin;  // [batches + 1]
 
   int64_t num_partials() const { return num_tiles * T; }
 };
 
-TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& index, int64_t T);
+TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
 
 struct PlanOptions {
   // T, edges per tile. 0 = automatic: the next power of two of the mean edges per work unit,
   // capped at 16 (decode-like plans, one query per unit, get T = 1 instead of 15 padding rows).
   int64_t tile_edges = 0;
+  // 0 = one batch. Otherwise queries are batched so that no batch's partials exceed this many
+  // floats (GPU backends: the device's storage-buffer limit and Halide's int32 indexing).
+  int64_t max_batch_partial_floats = 0;
 };
 
 int64_t auto_tile_edges(const KvIndex& index);

@@ -2,6 +2,7 @@
 // when no instance or device can be created, so the runtime asks the Vulkan loader itself first.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,11 +12,17 @@ struct VulkanDevice {
   std::string name;
   std::string type;  // "cpu", "discrete-gpu", "integrated-gpu", "virtual-gpu", "other"
   uint32_t api_version = 0;
+  uint64_t max_storage_buffer_bytes = 0;  // VkPhysicalDeviceLimits::maxStorageBufferRange
 };
 
 // The physical devices the loader reports (empty when there is no loader, no driver or no
 // device). Never aborts.
 std::vector<VulkanDevice> vulkan_devices(std::string* why = nullptr);
+
+// The most floats one device buffer of the Vulkan pipelines may hold: the smallest storage-buffer
+// range of the devices present (Halide may pick any), within Halide's int32 indexing, less the
+// runtime's 64-byte padding. 0 when there is no device.
+int64_t vulkan_max_buffer_floats();
 
 // HL_VK_ALLOC_CONFIG (pool MB : min block MB : max block MB : max blocks : round-to bytes) the
 // runtime sets for Halide 21's Vulkan allocator unless the caller set it.
