@@ -47,6 +47,7 @@ struct ForwardFuncs {
   Halide::Expr D;       // head dimension (a constant where specialised)
   int static_D = 0;     // 0 when D is a run-time extent
   int static_rows = 0;  // rows per tile (T * qhead) where specialised, else 0
+  int static_T = 0;     // edges per tile where specialised, else 0
 };
 
 // kvouter_combine: per (query, query head), log-sum-exp over the topk partials.

@@ -23,7 +23,7 @@ std::vector<std::string> manual_aot_schedules() {
   experiments::register_all_backends();
   std::vector<std::string> names;
   for (const auto& v : halide::aot_variants()) {
-    if (v.schedule.rfind("auto_", 0) != 0 && std::find(names.begin(), names.end(), v.schedule) == names.end()) {
+    if (v.target == "host" && v.schedule.rfind("auto_", 0) != 0 && std::find(names.begin(), names.end(), v.schedule) == names.end()) {
       names.push_back(v.schedule);
     }
   }

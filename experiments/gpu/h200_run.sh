@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (README "GPU results"): Vulkan through the NVIDIA driver with a
+# carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
+# same inputs. Carried (built here with `cmake --preset gpu-carry`, see README):
+#   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)
+#   .carry/bin/{kvouter_gpu_bench,vulkan_test,kvouter}   portable builds
+#   .carry/lib/{libHalide.so.xz,libgomp.so.1,libyaml-cpp.so.0.7}
+# Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench torch sweep)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/kvlib /tmp/xdg
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+echo '{"file_format_version":"1.0.0","ICD":{"library_path":"/usr/local/nvidia/lib64/libEGL_nvidia.so.0","api_version":"1.4.0"}}' > /tmp/nv_icd.json
+export VK_ICD_FILENAMES=/tmp/nv_icd.json VK_DRIVER_FILES=/tmp/nv_icd.json XDG_RUNTIME_DIR=/tmp/xdg
+unset HL_VK_DEVICE_TYPE
+[ -f /tmp/kvlib/libHalide.so ] || xz -dc .carry/lib/libHalide.so.xz > /tmp/kvlib/libHalide.so
+cp -n .carry/lib/libgomp.so.1 .carry/lib/libyaml-cpp.so.0.7 /tmp/kvlib/ 2>/dev/null
+export LD_LIBRARY_PATH=/tmp/kvlib
+BIN=.carry/bin
+for step in "$@"; do
+  case $step in
+    env)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
+      lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200 | tee -a "$OUT/env.txt" ;;
+    tests)
+      # No validation layer there (not installed); the same tests run under it on lavapipe in CI.
+      timeout 300 $BIN/vulkan_test --gtest_brief=1 2>&1 | grep -v "^Vulkan: Configuring" | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    bench)
+      timeout 420 $BIN/kvouter_gpu_bench --json "$OUT/gpu_bench.json" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null ;;
+    torch)
+      PYTHONUNBUFFERED=1 timeout 420 python3 experiments/torch_compare.py /tmp/cases --json "$OUT/torch_compare.json" ${TORCH_ARGS:-} ;;
+    sweep)
+      # JIT knob sweep of the Vulkan schedules on the cases the bench step saved. SWEEP_CFGS:
+      # space-separated "schedule:k=v,k=v" items; each line of sweep.txt is kvouter run's summary.
+      for shape in ${SWEEP_SHAPES:-gpu-prefill}; do
+        for cfg in ${SWEEP_CFGS:-vulkan_tiled:chunk=8}; do
+          sched=${cfg%%:*}; params=()
+          IFS=, read -ra kv <<< "${cfg#*:}"; for p in "${kv[@]}"; do params+=(--param "$p"); done
+          echo "$shape $cfg: $(timeout 120 $BIN/kvouter run /tmp/cases/$shape --out /tmp/sweep_out --backend jit \
+            --schedule "$sched" --target host-vulkan "${params[@]}" --repeat 3 2>&1 | tail -1)" | tee -a "$OUT/sweep.txt"
+        done
+      done ;;
+  esac
+done

@@ -1,0 +1,243 @@
+// kvouter_gpu_bench: SPEC §5's GPU shapes through the AOT Vulkan kernels, in one process, on the
+// same inputs, each schedule checked against the CPU `direct` baseline and against the others.
+// It links no compiler (libHalide) at all: built here, carried to the GPU machine with its Vulkan
+// loader (README "GPU results"), it needs only libc there.
+//
+//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_tiled,vulkan_rows]
+//                     [--reps 5] [--json FILE] [--case-dir DIR] [--no-check]
+//
+// --case-dir writes each shape's inputs (npy, as `kvouter run` reads them) and the first
+// schedule's outputs there, for experiments/torch_compare.py to run PyTorch on the same data.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "case_gen.h"
+#include "cli_util.h"
+#include "direct.h"
+#include "kvouter/aot.h"
+#include "kvouter/aot_kernels.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/plan.h"
+#include "kvouter/vulkan_probe.h"
+
+namespace kvouter::experiments {
+namespace {
+
+using json = nlohmann::json;
+
+// Datasheet figures for the H200 SXM (the targets are ratios to these).
+constexpr double kFp32PeakTflops = 67.0;
+constexpr double kHbmTBps = 4.8;
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) {
+    if (!x.empty()) out.push_back(x);
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The same problem with the pages no selection can reach marked unallocated (-1) and the rest
+// renumbered densely (in their shuffled order): outputs are identical by SPEC §2 (an unselected
+// block is never read), and the K/V pool shrinks to what the kernels read. gpu-decode's full pool
+// (2 x 17 GB) exceeds one Vulkan storage buffer (4 GiB on the H200) and Halide 21's int32
+// indexing; its selected pages (about 2 x 2 GB) do not.
+Inputs reachable_pages_only(const Inputs& in) {
+  const Problem p = validate(in);
+  Inputs out = in;
+  std::vector<uint8_t> keep_block(static_cast<size_t>(p.B * p.msb), 0);
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t t = in.cu_seqlens_q.data[b]; t < in.cu_seqlens_q.data[b + 1]; ++t) {
+      for (int64_t i = 0; i < p.Hkv * p.topk; ++i) {
+        const int32_t blk = in.selected.data[static_cast<size_t>(t * p.Hkv * p.topk + i)];
+        if (blk >= 0 && blk < p.msb) keep_block[static_cast<size_t>(b * p.msb + blk)] = 1;
+      }
+    }
+  }
+  std::vector<int32_t> remap(static_cast<size_t>(p.num_pages), -1);
+  std::vector<int32_t> order;
+  for (int64_t b = 0; b < p.B; ++b) {
+    for (int64_t c = 0; c < p.max_pages; ++c) {
+      int32_t& pg = out.block_tables.data[static_cast<size_t>(b * p.max_pages + c)];
+      if (pg < 0) continue;
+      if (c / p.ppb >= p.msb || !keep_block[static_cast<size_t>(b * p.msb + c / p.ppb)]) {
+        pg = -1;
+        continue;
+      }
+      if (remap[static_cast<size_t>(pg)] < 0) {
+        remap[static_cast<size_t>(pg)] = 0;
+        order.push_back(pg);
+      }
+    }
+  }
+  std::sort(order.begin(), order.end());  // keeps the pool's shuffled placement
+  for (size_t i = 0; i < order.size(); ++i) remap[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
+  for (int32_t& pg : out.block_tables.data) {
+    if (pg >= 0) pg = remap[static_cast<size_t>(pg)];
+  }
+  const int64_t page_floats = in.k_pages.numel() / p.num_pages, n = std::max<int64_t>(1, static_cast<int64_t>(order.size()));
+  std::vector<int64_t> shape = in.k_pages.shape;
+  shape[0] = n;
+  out.k_pages = Tensor<float>(shape);
+  out.v_pages = Tensor<float>(shape);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int64_t src = int64_t{order[i]} * page_floats, dst = static_cast<int64_t>(i) * page_floats;
+    std::copy(in.k_pages.ptr() + src, in.k_pages.ptr() + src + page_floats, out.k_pages.ptr() + dst);
+    std::copy(in.v_pages.ptr() + src, in.v_pages.ptr() + src + page_floats, out.v_pages.ptr() + dst);
+  }
+  return out;
+}
+
+struct Timed {
+  Outputs out;
+  RunTiming first;
+  std::vector<double> fwd, comb, total, xfer;
+  std::string variant;
+};
+
+Timed time_backend(Backend& be, const Plan& plan, const Inputs& in, int reps) {
+  Timed r;
+  r.out = be.run(plan, in);  // first call: driver compile of the kernels, device set-up
+  r.first = be.last_timing();
+  for (int i = 0; i < reps; ++i) {
+    r.out = be.run(plan, in);
+    const RunTiming& t = be.last_timing();
+    r.fwd.push_back(t.forward_ms);
+    r.comb.push_back(t.combine_ms);
+    r.total.push_back(t.forward_ms + t.combine_ms);
+    r.xfer.push_back(t.transfer_ms);
+  }
+  const auto params = be.params();
+  auto it = params.find("variant");
+  r.variant = it == params.end() ? "" : it->second;
+  return r;
+}
+
+json errors_json(const Outputs& got, const Outputs& ref) {
+  const ErrorReport e = compare_outputs(got, ref);
+  return {{"max_out_err", e.max_out_err}, {"max_lse_err", e.max_lse_err}, {"within_tolerance", e.ok()}};
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_tiled", "vulkan_rows"};
+  int reps = 5;
+  bool check = true;
+  std::string json_path, case_dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw InputError(a, "a value", "nothing");
+      return argv[++i];
+    };
+    if (a == "--shapes") shapes = split(next());
+    else if (a == "--schedules") schedules = split(next());
+    else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--json") json_path = next();
+    else if (a == "--case-dir") case_dir = next();
+    else if (a == "--no-check") check = false;
+    else throw InputError("argument", "--shapes/--schedules/--reps/--json/--case-dir/--no-check", a);
+  }
+  halide::register_generated_aot_kernels();
+  std::string why;
+  const auto devices = vulkan_devices(&why);
+  if (devices.empty()) throw BackendError("vulkan: " + why);
+  json doc = {{"tool", "kvouter_gpu_bench"},
+              {"git_rev", KVOUTER_GIT_REV},
+              {"halide", "21.0.0 (AOT, Vulkan)"},
+              {"device", devices[0].name},
+              {"peak_fp32_tflops", kFp32PeakTflops},
+              {"hbm_tbps", kHbmTBps},
+              {"reps", reps},
+              {"results", json::array()}};
+  for (const auto& shape : shapes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Inputs full = make_case(named_shape(shape));
+    const Inputs in = reachable_pages_only(full);
+    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%s: generated in %.1f s; K/V pool %lld -> %lld pages\n", shape.c_str(), gen_s,
+                 static_cast<long long>(full.k_pages.shape[0]), static_cast<long long>(in.k_pages.shape[0]));
+    if (!case_dir.empty()) save_case(case_dir + "/" + shape, in);
+    json shape_doc = {{"shape", shape}, {"pool_pages", full.k_pages.shape[0]}, {"reachable_pages", in.k_pages.shape[0]}};
+    Outputs baseline;
+    bool have_baseline = false;
+    if (check) {
+      auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
+      const Plan plan = make_plan(in, direct->plan_options());
+      const auto c0 = std::chrono::steady_clock::now();
+      baseline = direct->run(plan, in);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+      have_baseline = true;
+      shape_doc["direct_cpu_ms"] = ms;
+      shape_doc["flops"] = plan.flops();
+      std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", shape.c_str(), std::thread::hardware_concurrency(), ms);
+    }
+    std::map<std::string, Outputs> outs;
+    for (const auto& schedule : schedules) {
+      json r = {{"schedule", schedule}, {"backend", "aot"}, {"target", "host-vulkan"}};
+      try {
+        auto be = halide::make_aot_backend({"aot", schedule, {}, "host-vulkan"});
+        const Plan plan = make_plan(in, be->plan_options());
+        Timed t = time_backend(*be, plan, in, reps);
+        const double ms = median(t.total), flops = plan.flops(), kv_bytes = plan.kv_unit_bytes();
+        r.update({{"variant", t.variant},
+                  {"T", plan.tiles.T},
+                  {"query_batches", static_cast<int64_t>(plan.tiles.batch_tile_begin.size()) - 1},
+                  {"forward_ms", median(t.fwd)},
+                  {"combine_ms", median(t.comb)},
+                  {"kernel_ms", ms},
+                  {"kernel_ms_all", t.total},
+                  {"transfer_ms", median(t.xfer)},
+                  {"first_call_ms", t.first.forward_ms + t.first.combine_ms},
+                  {"flops", flops},
+                  {"tflops", flops / ms / 1e9},
+                  {"pct_fp32_peak", 100.0 * flops / ms / 1e9 / kFp32PeakTflops},
+                  {"kv_bytes", kv_bytes},
+                  {"kv_tbps", kv_bytes / ms / 1e9},
+                  {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
+        if (have_baseline) r["vs_direct"] = errors_json(t.out, baseline);
+        for (const auto& [other, o] : outs) r["vs_" + other] = errors_json(t.out, o);
+        std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
+                     shape.c_str(), schedule.c_str(), ms, median(t.fwd), median(t.comb), flops / ms / 1e9,
+                     100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
+                     have_baseline ? (r["vs_direct"]["within_tolerance"].get<bool>() ? "matches direct" : "DIFFERS from direct") : "unchecked");
+        if (!case_dir.empty() && outs.empty()) save_outputs(case_dir + "/" + shape + "/kvouter_" + schedule, t.out);
+        outs[schedule] = std::move(t.out);
+      } catch (const std::exception& e) {
+        r["error"] = e.what();
+        std::fprintf(stderr, "%s %s: ERROR %s\n", shape.c_str(), schedule.c_str(), e.what());
+      }
+      shape_doc["runs"].push_back(r);
+    }
+    doc["results"].push_back(shape_doc);
+    if (!json_path.empty()) std::ofstream(json_path) << doc.dump(2) << "\n";  // after each shape
+  }
+  std::printf("%s\n", doc.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvouter::experiments
+
+int main(int argc, char** argv) {
+  try {
+    return kvouter::experiments::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvouter_gpu_bench: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""What a user of the GPU machine would run instead of kvouter, on the very inputs kvouter_gpu_bench
+wrote (--case-dir): a PyTorch gather-based implementation and FlexAttention with the selection as
+its mask, both in fp32 with TF32 off; plus the machine's measured fp32 matmul rate and copy
+bandwidth (the roofline), and a check of every result against kvouter's saved outputs.
+
+    python3 experiments/torch_compare.py CASE_ROOT [--shapes gpu-decode,gpu-prefill] [--json F]
+
+Timings: CUDA events, median of --reps after a warm-up (compile time excluded, reported apart).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.set_float32_matmul_precision("highest")
+DEV = "cuda"
+
+
+def timed(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), times
+
+
+def machine_roofline(reps):
+    n = 8192
+    x = torch.randn(n, n, device=DEV)
+    y = torch.randn(n, n, device=DEV)
+    mm_ms, _ = timed(lambda: x @ y, reps)
+    buf = torch.empty(1 << 30, dtype=torch.float32, device=DEV)  # 4 GiB
+    dst = torch.empty_like(buf)
+    cp_ms, _ = timed(lambda: dst.copy_(buf), reps)
+    del x, y, buf, dst
+    return {"fp32_matmul_tflops_tf32_off": 2 * n**3 / mm_ms / 1e9,
+            "copy_tbps_read_plus_write": 2 * 4 * (1 << 30) / cp_ms / 1e9}
+
+
+def load_case(d):
+    ld = lambda n: np.load(os.path.join(d, n + ".npy"))
+    case = json.load(open(os.path.join(d, "case.json")))
+    c = {k: ld(k) for k in ["q", "k_pages", "v_pages", "selected", "block_tables", "cu_seqlens_q"]}
+    c["used_kv_lens"] = ld("used_kv_lens") if os.path.exists(os.path.join(d, "used_kv_lens.npy")) else None
+    c.update(case)
+    return c
+
+
+class Problem:
+    """SPEC §2 on the GPU: per query its sequence, causal bound and a dense (query, KV head, block)
+    table of what it selected (deduplicated, padding and out-of-range ids dropped)."""
+
+    def __init__(self, c):
+        self.q = torch.from_numpy(c["q"]).to(DEV)
+        self.kp = torch.from_numpy(c["k_pages"]).to(DEV)  # [pages, Hkv, page, D]
+        self.vp = torch.from_numpy(c["v_pages"]).to(DEV)
+        self.Tq, self.Hq, self.D = self.q.shape
+        _, self.Hkv, self.PS, _ = self.kp.shape
+        self.qhead = self.Hq // self.Hkv
+        self.BS = int(c["block_size"])
+        self.ppb = self.BS // self.PS
+        bt = c["block_tables"]
+        self.B, self.max_pages = bt.shape
+        self.msb = self.max_pages // self.ppb
+        cu = c["cu_seqlens_q"].astype(np.int64)
+        L = c["used_kv_lens"].astype(np.int64) if c["used_kv_lens"] is not None else np.full(self.B, self.msb * self.BS)
+        self.scale = float(c.get("softmax_scale") or 1.0 / math.sqrt(self.D))
+        self.causal = bool(c["causal"])
+        seq = np.repeat(np.arange(self.B), np.diff(cu))
+        i = np.arange(self.Tq) - cu[seq]
+        qo = np.diff(cu)[seq]
+        bound = np.where(L[seq] >= qo, L[seq] - qo + i, i) if self.causal else L[seq] - 1
+        self.seq = torch.from_numpy(seq).to(DEV)
+        self.L = torch.from_numpy(L).to(DEV)
+        self.bound = torch.from_numpy(np.minimum(bound, L[seq] - 1)).to(DEV)  # last attended position
+        self.bt = torch.from_numpy(bt.astype(np.int64)).to(DEV)
+        sel = torch.from_numpy(c["selected"].astype(np.int64)).to(DEV)  # [Tq, Hkv, topk]
+        ok = (sel >= 0) & (sel < self.msb)
+        # Dedup: an id counts once however often it repeats in its row.
+        s_sorted, order = torch.sort(torch.where(ok, sel, -1), dim=-1)
+        first = torch.ones_like(s_sorted, dtype=torch.bool)
+        first[..., 1:] = s_sorted[..., 1:] != s_sorted[..., :-1]
+        self.sel = s_sorted
+        self.sel_ok = (s_sorted >= 0) & first
+        self.topk = sel.shape[-1]
+
+
+def gather_attention(P, q_chunk=1024):
+    """The straightforward PyTorch route: per query, gather its selected blocks' K/V from the paged
+    cache and run masked softmax attention over them (chunks of queries bound the memory)."""
+    out = torch.empty(P.Tq, P.Hq, P.D, device=DEV)
+    lse = torch.empty(P.Tq, P.Hq, device=DEV)
+    pos_in_block = torch.arange(P.BS, device=DEV)
+    for t0 in range(0, P.Tq, q_chunk):
+        t1 = min(P.Tq, t0 + q_chunk)
+        sel, ok = P.sel[t0:t1], P.sel_ok[t0:t1]  # [n, Hkv, topk]
+        pos = sel.clamp(min=0)[..., None] * P.BS + pos_in_block  # [n, Hkv, topk, BS]
+        seq = P.seq[t0:t1]
+        logical = (pos // P.PS).clamp(max=P.max_pages - 1)
+        page = P.bt[seq[:, None, None, None], logical]  # [n, Hkv, topk, BS]
+        valid = ok[..., None] & (page >= 0) & (pos < P.L[seq][:, None, None, None]) & (pos <= P.bound[t0:t1][:, None, None, None])
+        pg = page.clamp(min=0)
+        h = torch.arange(P.Hkv, device=DEV)[None, :, None, None]
+        k = P.kp[pg, h, pos % P.PS]  # [n, Hkv, topk, BS, D]
+        v = P.vp[pg, h, pos % P.PS]
+        n = t1 - t0
+        k = k.reshape(n, P.Hkv, P.topk * P.BS, P.D)
+        v = v.reshape(n, P.Hkv, P.topk * P.BS, P.D)
+        valid = valid.reshape(n, P.Hkv, 1, P.topk * P.BS)
+        q = P.q[t0:t1].reshape(n, P.Hkv, P.qhead, P.D)
+        s = torch.einsum("nhqd,nhsd->nhqs", q, k) * P.scale
+        s = s.masked_fill(~valid, float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        o = torch.einsum("nhqs,nhsd->nhqd", p, v) / torch.where(l > 0, l, torch.ones_like(l))
+        out[t0:t1] = o.reshape(n, P.Hq, P.D)
+        lse[t0:t1] = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(l[..., 0]), torch.full_like(l[..., 0], float("-inf"))).reshape(n, P.Hq)
+    return out, lse
+
+
+def flex_setup(P):
+    """FlexAttention over each sequence's contiguous K/V (gathered from the pages once, outside the
+    timing), with SPEC's mask as mask_mod: selected block, allocated page, L_b, causal bound."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    B = P.B
+    qo = torch.bincount(P.seq, minlength=B)
+    Qmax = int(qo.max())
+    Lmax = int(P.L.max())
+    Lpad = (Lmax + 127) // 128 * 128
+    nblk = Lpad // P.BS
+    # Queries per sequence, padded: [B, Hq, Qmax, D].
+    qpad = torch.zeros(B, Qmax, P.Hq, P.D, device=DEV)
+    cu = torch.zeros(B + 1, dtype=torch.long, device=DEV)
+    cu[1:] = torch.cumsum(qo, 0)
+    local = torch.arange(P.Tq, device=DEV) - cu[P.seq]
+    qpad[P.seq, local] = P.q
+    qpad = qpad.transpose(1, 2).contiguous()
+    # K/V per sequence, contiguous by position: [B, Hkv, Lpad, D].
+    posn = torch.arange(Lpad, device=DEV)
+    page = P.bt[:, (posn // P.PS).clamp(max=P.max_pages - 1)]  # [B, Lpad]
+    alloc = (page >= 0) & (posn[None] < P.L[:, None]) & ((posn // P.PS)[None] < P.max_pages)
+    pg = page.clamp(min=0)
+    k = P.kp[pg, :, (posn % P.PS)[None]]  # [B, Lpad, Hkv, D]
+    v = P.vp[pg, :, (posn % P.PS)[None]]
+    k = k.permute(0, 2, 1, 3).contiguous()
+    v = v.permute(0, 2, 1, 3).contiguous()
+    # Dense selection table [B, Qmax, Hkv, nblk] and per-query bound.
+    table = torch.zeros(B, Qmax, P.Hkv, nblk + 1, dtype=torch.bool, device=DEV)
+    idx = torch.where(P.sel_ok, P.sel, nblk)
+    bi = P.seq[:, None, None].expand_as(idx)
+    li = local[:, None, None].expand_as(idx)
+    hi = torch.arange(P.Hkv, device=DEV)[None, :, None].expand_as(idx)
+    table[bi, li, hi, idx] = True
+    bound = torch.full((B, Qmax), -1, dtype=torch.long, device=DEV)
+    bound[P.seq, local] = P.bound
+    qhead, BS = P.qhead, P.BS
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return table[b, q_idx, h // qhead, kv_idx // BS] & alloc[b, kv_idx] & (kv_idx <= bound[b, q_idx])
+
+    t0 = time.time()
+    bm = create_block_mask(mask_mod, B, P.Hq, Qmax, Lpad, device=DEV, BLOCK_SIZE=128)
+    mask_s = time.time() - t0
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def run():
+        return flex(qpad, k, v, block_mask=bm, scale=P.scale, enable_gqa=True, return_lse=True)
+
+    t0 = time.time()
+    o, l = run()
+    torch.cuda.synchronize()
+    compile_s = time.time() - t0
+
+    def unpad(res):
+        o, l = res
+        o = o.transpose(1, 2)[P.seq, local]  # [Tq, Hq, D]
+        l = l.transpose(1, 2)[P.seq, local]
+        return o, l
+
+    return run, unpad, {"block_mask_s": mask_s, "compile_and_first_call_s": compile_s}
+
+
+def compare(a, b):
+    (oa, la), (ob, lb) = a, b
+    both_inf = torch.isinf(la) & torch.isinf(lb)
+    return {"max_out_diff": float((oa - ob).abs().max()),
+            "max_lse_diff": float(torch.where(both_inf, torch.zeros_like(la), (la - lb).abs()).max())}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--shapes", default="gpu-decode,gpu-prefill")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    doc = {"tool": "experiments/torch_compare.py", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+           "tf32": False, "roofline": machine_roofline(a.reps), "results": []}
+    print(json.dumps(doc["roofline"]), flush=True)
+    for shape in a.shapes.split(","):
+        d = os.path.join(a.root, shape)
+        c = load_case(d)
+        P = Problem(c)
+        r = {"shape": shape}
+        kv = None
+        kdir = [x for x in sorted(os.listdir(d)) if x.startswith("kvouter_")]
+        if kdir:
+            kv = (torch.from_numpy(np.load(os.path.join(d, kdir[0], "out.npy"))).to(DEV),
+                  torch.from_numpy(np.load(os.path.join(d, kdir[0], "lse.npy"))).to(DEV))
+            r["kvouter_outputs"] = kdir[0]
+        try:
+            ms, all_ms = timed(lambda: gather_attention(P), a.reps)
+            res = gather_attention(P)
+            r["gather"] = {"ms": ms, "ms_all": all_ms}
+            if kv is not None:
+                r["gather"]["vs_kvouter"] = compare(res, kv)
+        except Exception as e:  # noqa: BLE001 - recorded, the other implementations still run
+            r["gather"] = {"error": repr(e)[:500]}
+        torch.cuda.empty_cache()
+        try:
+            run, unpad, setup = flex_setup(P)
+            ms, all_ms = timed(run, a.reps)
+            r["flex"] = {"ms": ms, "ms_all": all_ms, **setup}
+            if kv is not None:
+                r["flex"]["vs_kvouter"] = compare(unpad(run()), kv)
+        except Exception as e:  # noqa: BLE001
+            r["flex"] = {"error": repr(e)[:500]}
+        torch.cuda.empty_cache()
+        print(json.dumps(r), flush=True)
+        doc["results"].append(r)
+        if a.json:
+            json.dump(doc, open(a.json, "w"), indent=2)
+        del P
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
