@@ -37,6 +37,7 @@ using json = nlohmann::json;
 // Datasheet figures for the H200 SXM (the targets are ratios to these).
 constexpr double kFp32PeakTflops = 67.0;
 constexpr double kHbmTBps = 4.8;
+constexpr double kMaxCheckedFlops = 2e11;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -175,15 +176,19 @@ int run(int argc, char** argv) {
     json shape_doc = {{"shape", shape}, {"pool_pages", full.k_pages.shape[0]}, {"reachable_pages", in.k_pages.shape[0]}};
     Outputs baseline;
     bool have_baseline = false;
-    if (check) {
-      auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
-      const Plan plan = make_plan(in, direct->plan_options());
+    auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
+    const Plan direct_plan = make_plan(in, direct->plan_options());
+    shape_doc["flops"] = direct_plan.flops();
+    // The CPU baseline checks every schedule where it is affordable (gpu-decode: 0.2 s;
+    // gpu-prefill took 39 s on the GPU machine's 16 cores); otherwise the schedules are checked
+    // against each other here and against PyTorch by torch_compare.py.
+    if (check && direct_plan.flops() <= kMaxCheckedFlops) {
+      const Plan& plan = direct_plan;
       const auto c0 = std::chrono::steady_clock::now();
       baseline = direct->run(plan, in);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
       have_baseline = true;
       shape_doc["direct_cpu_ms"] = ms;
-      shape_doc["flops"] = plan.flops();
       std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", shape.c_str(), std::thread::hardware_concurrency(), ms);
     }
     std::map<std::string, Outputs> outs;

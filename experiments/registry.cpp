@@ -41,9 +41,8 @@ void register_all_backends() {
              for (const auto& s : pipeline::all_schedules()) known += (known.empty() ? "" : ", ") + s.name;
              throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
            }
-           // GPU schedules default to the chunk whose shared-memory staging fits 32 KiB (lavapipe)
-           // at 256 rows per workgroup (vulkan_tiled) or one edge's rows (vulkan_rows).
-           if (info->device == "vulkan" && !c.params.count("chunk")) c.params["chunk"] = c.schedule == "vulkan_rows" ? "16" : "8";
+           // GPU schedules process the block as one chunk (the generator clamps chunk to it).
+           if (info->device == "vulkan" && !c.params.count("chunk")) c.params["chunk"] = "4096";
            return halide::make_jit_backend(c, info->autoscheduler, info->device);
          }});
   halide::register_generated_aot_kernels();

@@ -48,6 +48,8 @@ struct ForwardFuncs {
   int static_D = 0;     // 0 when D is a run-time extent
   int static_rows = 0;  // rows per tile (T * qhead) where specialised, else 0
   int static_T = 0;     // edges per tile where specialised, else 0
+  int static_C = 0;     // positions per chunk where block and page are specialised, else 0
+  int static_NC = 0;    // chunks per block, likewise
 };
 
 // kvouter_combine: per (query, query head), log-sum-exp over the topk partials.

@@ -36,7 +36,8 @@ void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 // GPU schedules need the shapes that size shared memory specialised; throws CompileError if not.
 void vulkan_require_static(const ForwardFuncs& f, const char* name);
-// The Vulkan forward with one workgroup per group_rows rows of a tile (vulkan_tiled.cpp).
-void vulkan_workgroup_forward(ForwardFuncs& f, const Knobs& k, int group_rows);
+// The Vulkan forward's GEMM stages, each with workgroups of group_rows rows of a tile
+// (vulkan_tiled.cpp).
+void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);
 
 }  // namespace kvouter::pipeline

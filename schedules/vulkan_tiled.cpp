@@ -1,13 +1,21 @@
-// vulkan_tiled: one workgroup per tile. Each thread owns a register tile of the online state
-// (CH channels x R rows of the tile). Per chunk, the workgroup cooperatively stages the K
-// and V chunk in shared memory, computes the chunk's scores, maxima and softmax weights for every
-// row into shared memory, and each thread then folds P.V for its own tile into its registers
-// (the shape of Halide's apps/cuda_mat_mul: the chunk loop is lifted out of the thread loops).
-// Shared memory: 4 * chunk * (2 D + 2 rows) + 8 rows bytes: chunk 8 fits lavapipe's 32 KiB at
-// D 128 and 128 rows; chunk 16 fits the H200's 48 KiB. Needs D, block, qhead and T specialised.
+// The Vulkan forward as three register-tiled GEMM stages per tile (the shape of Halide's
+// apps/cuda_mat_mul: each thread accumulates a small output tile in registers, its inputs read
+// through the caches), with the block processed as one chunk:
+//   scores  s(p, row)   = scale q[row] . k[p]        rows x C over D    (kernel 1)
+//   stats   cmax, csum  per row over the block's C positions              (kernels 2, 3)
+//   P.V     cpv(d, row) = sum_p exp(s - cmax) v[p][d]   D x rows over C  (kernel 4)
+//   output  [o | m | l] per (channel, row)                                (kernel 5)
+// Scores and P.V pass through device memory (sized like the partials; the runtime's query
+// batches keep each within one storage buffer). Why not one fused kernel with the K/V chunk in
+// shared memory: Halide 21 sizes a per-thread register state that lives across a chunk loop
+// lifted out of the thread loops to the whole tile (50 KB per thread at D 128), which the NVIDIA
+// driver rejects ("failed to validate local memory") - measured on the H200, see README.
+// Knobs: rows (register rows per thread), unroll (register columns per thread); chunk must
+// cover the block (the registry passes 256; a chunk smaller than the block is rejected).
+// Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
+// (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
 // Measured figure: README.md's GPU table (H200, host-vulkan).
 #include <algorithm>
-#include <initializer_list>
 
 #include "kvouter/tile_layout.h"
 #include "schedules.h"
@@ -17,92 +25,87 @@ namespace kvouter::pipeline {
 using namespace Halide;
 
 void vulkan_require_static(const ForwardFuncs& f, const char* name) {
-  if (!f.static_D || !f.static_rows) {
+  if (!f.static_D || !f.static_rows || !f.static_C) {
     throw CompileError(std::string(name) + ": GPU schedules need D, block_size, page_size, qhead and T "
-                       "specialised (shared-memory sizes must be static)");
+                       "specialised (register tiles and workgroup sizes must be static)");
+  }
+  if (f.static_NC != 1) {
+    throw CompileError(std::string(name) + ": the block must be one chunk (--param chunk >= block_size)");
   }
 }
 
-// One workgroup per `group_rows` rows of one tile (all of them: vulkan_tiled; one edge's query
-// heads: vulkan_rows). Knobs: chunk (positions staged per step), rows (rows per thread, raised as
-// needed to fit 1024 invocations), unroll (channels per thread).
-void vulkan_workgroup_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
+namespace {
+
+// A register-tiled GEMM stage: `stage` (a wrapper, computed at root) over (x, row, tile) with
+// `acc` (the reduction) accumulated in registers per thread, RX x RY outputs each. Rows per
+// workgroup: group_rows (rows beyond it go to more workgroups); threads within 1024.
+void gemm_stage(Func stage, Func acc, Var x, Var row, Var c, Var tile, int extent_x, int group_rows, int RX, int RY,
+                RVar r) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  const int CH = std::max(1, std::min(k.unroll, 8));
-  const int G = group_rows;
-  // A workgroup's size is, per dimension, the largest thread extent of any of its stages:
-  // x carries channel groups, chunk positions and the 32-wide row-statistics and K/V-staging
-  // loops; y carries row groups. Keep x * y within the 1024 invocations Vulkan guarantees
-  // (lavapipe and the H200 allow exactly 1024; the validation layer rejects more).
-  const int groups = (f.static_D + layout::kPartialExtra + CH - 1) / CH;
-  const int X = std::max({groups, k.chunk, 32, (f.static_D + 3) / 4});
-  const int Ymax = std::max(1, 1024 / X);
-  auto ceil_div = [](int a, int b) { return (a + b - 1) / b; };
-  if (k.chunk > Ymax) {  // the K/V staging puts the chunk's positions on y
-    throw CompileError("vulkan: chunk " + std::to_string(k.chunk) + " does not fit one workgroup with " +
-                       std::to_string(X) + " threads across; use chunk <= " + std::to_string(Ymax));
+  const int tx = std::max(1, (extent_x + RX - 1) / RX);
+  int ty = std::max(1, (group_rows + RY - 1) / RY);
+  while (tx * ty > 1024) ty = (ty + 1) / 2;
+  Var xo("xo"), xi("xi"), ro("ro"), ri("ri"), rb("rb"), rt("rt");
+  stage.compute_root()
+      .split(x, xo, xi, RX, guard)
+      .split(row, rb, rt, ty * RY, guard)
+      .split(rt, ro, ri, RY, guard)
+      .reorder(xi, ri, xo, ro, rb, c, tile)
+      .gpu_blocks(rb, c, tile)
+      .gpu_threads(xo, ro)
+      .unroll(xi)
+      .unroll(ri);
+  acc.compute_at(stage, xo).store_in(MemoryType::Register).unroll(x).unroll(row);
+  acc.update().reorder(x, row, r).unroll(x).unroll(row);
+}
+
+}  // namespace
+
+void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  const int RY = std::max(1, std::min(k.rows, 8)), RX = std::max(1, std::min(k.unroll, 8));
+  // Scores: wrapper sw over (p, row, c, tile) at root; the reduction over D in registers.
+  Func sw = f.s.in();
+  gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);
+  // Device-resident intermediates are stored densely with the tile outermost: the runtime pads
+  // the tile count to a multiple of 16, so every buffer's byte size is a multiple of 64 (Halide
+  // 21's Vulkan allocator, README). align_storage would break that: Halide sizes a buffer to its
+  // last element, so a padded stride leaves an odd-sized tail (measured: 8160-byte buffers).
+  // Row statistics over the block's positions (one thread per row) and the softmax weights
+  // exp(s - cmax), stored once rather than recomputed by every thread of the P.V stage.
+  Var ro("ro"), ri("ri"), po("po"), pi("pi"), ct("ct");
+  // Each statistic is a wrapper at root (one thread per row) with the reduction in that thread's
+  // registers: its initial value and its update then run in one kernel. As two kernels (a
+  // compute_root Func with an update) the update sometimes ran on uninitialised values on
+  // lavapipe (measured: every LSE +inf on a large-logit case, varying between runs).
+  for (Func* stat : {&f.cmax, &f.csum}) {
+    Func w = stat->in();
+    w.compute_root().split(f.row, ro, ri, 64, guard).gpu_blocks(ro, f.c, f.tile).gpu_threads(ri);
+    stat->compute_at(w, ri).store_in(MemoryType::Register);
   }
-  // Rows per thread of the state (R): the knob, raised in powers of two until the row groups fit.
-  int R = std::max(1, k.rows);
-  while (R < G && ceil_div(G, R) > Ymax) R *= 2;
-  // Rows per thread of the per-chunk score stages (Rs): as few as keep chunk x G / Rs threads
-  // within the workgroup.
-  const int threads = X * ceil_div(G, R);
-  int Rs = 1;
-  while (Rs < G && (ceil_div(G, Rs) > Ymax || k.chunk * ceil_div(G, Rs) > threads)) Rs *= 2;
-  Var cho("cho"), chi("chi"), ro("ro"), ri("ri"), dO("dO"), di("di"), so("so"), si("si"), rb("rb"), rr("rr");
-  // Workgroup (rb, tile) covers rows [rb * G, rb * G + G); thread (cho, ro) owns CH channels x R
-  // rows of the output...
+  f.pexp.compute_root()
+      .split(f.p, po, pi, 32, guard).split(f.row, ro, ri, 8, guard)
+      .reorder(pi, ri, po, ro, f.c, f.tile)
+      .fuse(f.c, f.tile, ct)
+      .gpu_blocks(po, ro, ct)
+      .gpu_threads(pi, ri);
+  // P.V: wrapper over (d, row, c, tile); the reduction over positions in registers.
+  Func cw = f.cpv.in();
+  gemm_stage(cw, f.cpv, f.d, f.row, f.c, f.tile, f.static_D, group_rows, RX, RY, f.rp.x);
+  // Output: the (single-chunk) online state per (channel, row), packed [o | m | l].
+  Var cho("cho"), chi("chi");
   f.out.compute_root()
-      .split(f.row, rb, rr, G, guard)
-      .split(f.ch, cho, chi, CH, guard)
-      .split(rr, ro, ri, R, guard)
-      .reorder(chi, ri, cho, ro, rb, f.tile)
-      .gpu_blocks(rb, f.tile)
-      .gpu_threads(cho, ro)
-      .unroll(chi)
-      .unroll(ri);
-  // ... and the same slice of the online state, in its registers. The chunk loop rc runs at the
-  // workgroup level, outside the thread loops, so each chunk's stages are staged cooperatively.
-  f.st.compute_at(f.out, rb)
-      .store_in(MemoryType::Register)
-      .split(f.ch, cho, chi, CH, guard)
-      .split(f.row, ro, ri, R, guard)
-      .reorder(chi, ri, cho, ro)
-      .gpu_threads(cho, ro)
-      .unroll(chi)
-      .unroll(ri);
-  f.st.update()
-      .split(f.ch, cho, chi, CH, guard)
-      .split(f.row, ro, ri, R, guard)
-      .reorder(chi, ri, cho, ro, f.rc.x)
-      .gpu_threads(cho, ro)
-      .unroll(chi)
-      .unroll(ri);
-  RVar rc = f.rc.x;
-  // The K and V chunk, staged once per workgroup in shared memory.
-  for (Func* kv : {&f.kf, &f.vf}) {
-    kv->compute_at(f.st, rc).store_in(MemoryType::GPUShared).split(f.d, dO, di, 4, guard)
-        .reorder(di, dO, f.p).gpu_threads(dO, f.p).unroll(di);
-  }
-  // Scores, maxima, weights and sums of the workgroup's rows for this chunk, in shared memory.
-  f.s.compute_at(f.st, rc).store_in(MemoryType::GPUShared)
-      .split(f.row, so, si, Rs, guard).reorder(si, f.p, so).gpu_threads(f.p, so).unroll(si);
-  f.s.update().split(f.row, so, si, Rs, guard).reorder(si, f.rd.x, f.p, so).gpu_threads(f.p, so).unroll(si);
-  for (Func* row_stat : {&f.cmax, &f.csum}) {
-    row_stat->compute_at(f.st, rc).store_in(MemoryType::GPUShared).split(f.row, so, si, 32, guard).gpu_threads(si, so);
-    row_stat->update().split(f.row, so, si, 32, guard).gpu_threads(si, so);
-  }
-  f.pexp.compute_at(f.st, rc).store_in(MemoryType::GPUShared)
-      .split(f.row, so, si, Rs, guard).reorder(si, f.p, so).gpu_threads(f.p, so).unroll(si);
-  // P.V for the thread's own slice: inlined into the state update as a register reduction over
-  // the chunk's positions, reading pexp and V from shared memory.
-  f.cpv.compute_at(f.st, chi);
+      .split(f.ch, cho, chi, 32, guard)
+      .split(f.row, ro, ri, 8, guard)
+      .reorder(chi, ri, cho, ro, f.tile)
+      .gpu_blocks(cho, ro, f.tile)
+      .gpu_threads(chi, ri);
+  f.st.compute_at(f.out, chi).store_in(MemoryType::Register);
 }
 
 void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   vulkan_require_static(f, "vulkan_tiled");
-  vulkan_workgroup_forward(f, k, f.static_rows);
+  vulkan_gemm_forward(f, k, f.static_rows);
 }
 
 void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
@@ -115,11 +118,13 @@ void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
       .gpu_blocks(dO, to)
       .gpu_threads(di, ti);
   f.osum.compute_at(f.out, di);
+  // As in the forward: each statistic a wrapper at root, its reduction in registers, so its
+  // initial value and update run in one kernel. Stored densely over (j, t) with t padded to 16
+  // by the runtime: byte sizes are multiples of 64 (Halide 21's Vulkan allocator).
   for (Func* stat : {&f.mmax, &f.lsum}) {
-    // Device-resident intermediates: storage padded to 16 floats in j, so the buffer's byte size
-    // is a multiple of 64 (Halide 21's Vulkan allocator bug).
-    stat->compute_root().align_storage(f.j, 16).gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
-    stat->update().gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
+    Func w = stat->in();
+    w.compute_root().gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
+    stat->compute_at(w, ji).store_in(MemoryType::Register);
   }
   f.lse.compute_root().gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
 }

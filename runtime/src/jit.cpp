@@ -124,13 +124,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                        "} for " + target.to_string() + " failed: " + e.what());
   }
   ck->kernels.description = "jit " + req.key();
-  if (vulkan) {
-    ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
-    // Halide 21's Vulkan allocator hands out reused regions too small for their buffers (on
-    // lavapipe a later pipeline in the same process then read zeros): free device memory on
-    // release instead of pooling it (measured, README).
-    Halide::Internal::JITSharedRuntime::reuse_device_allocations(false);
-  }
+  if (vulkan) ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
   ck->target = target.to_string();
   ck->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return ck;

@@ -48,7 +48,9 @@ void check(const std::string& backend_name, const std::string& schedule, const I
     EXPECT_GT(plan.tiles.batch_tile_begin.size(), 2u);
   }
   const Outputs got = backend->run(plan, in);
-  const auto err = experiments::compare_outputs(got, reference::dense_attention<double>(in, plan.problem));
+  const Outputs ref = reference::dense_attention<double>(in, plan.problem);
+  const auto err = experiments::compare_outputs(got, ref);
+
   EXPECT_TRUE(err.ok()) << backend_name << " " << schedule << " on " << what << ": max|out err| " << err.max_out_err
                         << " max|lse err| " << err.max_lse_err;
 }
@@ -99,8 +101,10 @@ TEST(Vulkan, QueryBatchesMatchTheOracle) {
 TEST(Vulkan, KnobsChangeTheScheduleNotTheResult) {
   REQUIRE_VULKAN();
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
-  check("jit", "vulkan_tiled", in, "tiny T=4 chunk=16 rows=2", {{"T", "4"}, {"chunk", "16"}, {"rows", "2"}});
-  check("jit", "vulkan_rows", in, "tiny rows=4", {{"rows", "4"}});
+  check("jit", "vulkan_tiled", in, "tiny T=4 rows=2 unroll=1", {{"T", "4"}, {"rows", "2"}, {"unroll", "1"}});
+  check("jit", "vulkan_rows", in, "tiny rows=8 unroll=8", {{"rows", "8"}, {"unroll", "8"}});
+  // The GPU schedules process a block as one chunk: a smaller chunk is a clear compile error.
+  EXPECT_THROW(check("jit", "vulkan_tiled", in, "tiny chunk=16", {{"chunk", "16"}}), BackendError);
 }
 
 TEST(Vulkan, AotVariantsOnTheirShape) {
