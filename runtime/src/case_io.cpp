@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kvouter/errors.h"
@@ -39,7 +40,11 @@ Inputs load_case(const std::string& dir) {
   auto get_int = [&](const char* key) -> int64_t {
     if (!j.contains(key)) throw InputError(std::string("case.json ") + key, "an integer", "nothing");
     const auto& v = j[key];
-    if (!v.is_number_integer()) throw InputError(std::string("case.json ") + key, "an integer", v.dump());
+    // An unsigned value beyond int64 would wrap to a negative one (and a misleading message).
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int64_t>::max())) {
+      throw InputError(std::string("case.json ") + key, "an integer in int64 range", v.dump());
+    }
     return v.get<int64_t>();
   };
   in.block_size = get_int("block_size");
