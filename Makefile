@@ -11,7 +11,8 @@ BUILD   := build
 JOBS    ?= $(shell nproc)
 APT_PKGS := build-essential git python3 python3-venv python3-pip libeigen3-dev libgtest-dev \
             libgmock-dev libbenchmark-dev nlohmann-json3-dev libvulkan-dev libvulkan1 \
-            mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang libyaml-cpp-dev
+            mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang libyaml-cpp-dev \
+            libclang-rt-14-dev libomp-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Vulkan runs on Mesa's lavapipe (a CPU device) unless the caller chose a driver, under the Khronos
@@ -19,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export VK_ICD_FILENAMES ?= /usr/share/vulkan/icd.d/lvp_icd.x86_64.json
 export HL_VK_DEVICE_TYPE ?= cpu
 
-.PHONY: setup deps venv configure build demo test test-asan bench roofline clean
+.PHONY: setup deps venv configure build demo test test-asan test-fuzz bench roofline clean
 setup: deps venv
 
 deps: .stamps/apt
@@ -60,16 +61,28 @@ demo: build
 
 HALIDE_CMAKE = "$$($(PY) -c 'import halide, os; print(os.path.join(os.path.dirname(halide.__file__), "lib64", "cmake"))')"
 
-# The whole suite, then the unit and correctness suites again under ASan + UBSan (asan preset).
+# The whole suite, then the unit and correctness suites again under ASan + UBSan (asan preset),
+# then a short run of every libFuzzer target (fuzz preset).
 test: build
 	cd $(BUILD) && ../$(VENV)/bin/ctest -j $(JOBS) --output-on-failure --timeout 900
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-fuzz
 
 test-asan: $(VENV)/.installed
 	$(VENV)/bin/cmake --preset asan -DCMAKE_PREFIX_PATH=$(HALIDE_CMAKE) > /dev/null
 	$(VENV)/bin/cmake --build build-asan -j $(JOBS)
 	cd build-asan && ../$(VENV)/bin/ctest -j $(JOBS) -L "unit|correctness" -E "notebooks|install_consumer" \
 	  --output-on-failure --timeout 1800
+
+# clang + libFuzzer, ASan + UBSan: builds only the fuzzers (runtime, reference, JIT; no AOT
+# kernels), replays the committed corpus (seeds and past crashes), then fuzzes each target for
+# FUZZ_SECONDS on a copy of it under build-fuzz/ (tests/fuzz/run_fuzzers.sh, tests/fuzz/RESULTS.md).
+FUZZ_SECONDS ?= 25
+test-fuzz: $(VENV)/.installed
+	$(VENV)/bin/cmake --preset fuzz -DCMAKE_PREFIX_PATH=$(HALIDE_CMAKE) > /dev/null
+	$(VENV)/bin/cmake --build build-fuzz -j $(JOBS) --target kvouter_fuzzers
+	cd build-fuzz && ../$(VENV)/bin/ctest -L fuzz --output-on-failure --timeout 600
+	tests/fuzz/run_fuzzers.sh build-fuzz $(FUZZ_SECONDS)
 
 bench: build
 	mkdir -p experiments/results
@@ -79,4 +92,4 @@ roofline: build
 	$(BUILD)/bin/kvouter roofline
 
 clean:
-	rm -rf $(BUILD) build-dev build-release build-asan
+	rm -rf $(BUILD) build-dev build-release build-asan build-fuzz

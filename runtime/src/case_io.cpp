@@ -1,18 +1,12 @@
 #include "kvouter/case_io.h"
 
-#ifndef HALIDE_NO_PNG
-#define HALIDE_NO_PNG
-#endif
-#ifndef HALIDE_NO_JPEG
-#define HALIDE_NO_JPEG
-#endif
-#include <HalideBuffer.h>
-#include <halide_image_io.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kvouter/errors.h"
@@ -21,61 +15,13 @@ namespace kvouter {
 
 namespace {
 
-thread_local std::string npy_error;
-
-bool capture_npy_error(bool condition, const char* msg) {
-  if (!condition) npy_error = msg;
-  return condition;
-}
-
-std::string dtype_name(halide_type_t t) {
-  const char* kind = t.code == halide_type_float ? "float" : t.code == halide_type_uint ? "uint" : "int";
-  return std::string(kind) + std::to_string(t.bits);
-}
-
+// A temp-file suffix unique to this process and call.
 std::string unique_suffix() {
-  return ".tmp" + std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(&npy_error) & 0xffff);
+  static std::atomic<int> counter{0};
+  return ".tmp" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
 }
 
 }  // namespace
-
-template <class T>
-Tensor<T> load_npy(const std::string& path, const std::string& field) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw CaseFileError(field + ": missing file " + path);
-  }
-  Halide::Runtime::Buffer<> buf;
-  npy_error.clear();
-  if (!Halide::Tools::Internal::load_npy<Halide::Runtime::Buffer<>, capture_npy_error>(path, &buf)) {
-    throw CaseFileError(field + ": cannot read " + path + ": " + npy_error);
-  }
-  if (buf.type() != halide_type_of<T>()) {
-    throw InputError(field + " dtype", dtype_name(halide_type_of<T>()), dtype_name(buf.type()));
-  }
-  Tensor<T> t;
-  for (int d = 0; d < buf.dimensions(); ++d) t.shape.push_back(buf.dim(d).extent());
-  const T* src = static_cast<const T*>(buf.data());
-  t.data.assign(src, src + buf.number_of_elements());
-  return t;
-}
-
-template <class T>
-void save_npy(const std::string& path, const Tensor<T>& t) {
-  std::vector<int> sizes;
-  for (int64_t e : t.shape) sizes.push_back(static_cast<int>(e));
-  Halide::Runtime::Buffer<> buf(halide_type_of<T>(), const_cast<T*>(t.data.data()), sizes);
-  npy_error.clear();
-  if (!Halide::Tools::Internal::save_npy<Halide::Runtime::Buffer<>, capture_npy_error>(buf, path)) {
-    throw CaseFileError("cannot write " + path + ": " + npy_error);
-  }
-}
-
-template Tensor<float> load_npy<float>(const std::string&, const std::string&);
-template Tensor<int32_t> load_npy<int32_t>(const std::string&, const std::string&);
-template Tensor<int64_t> load_npy<int64_t>(const std::string&, const std::string&);
-template void save_npy<float>(const std::string&, const Tensor<float>&);
-template void save_npy<int32_t>(const std::string&, const Tensor<int32_t>&);
-template void save_npy<int64_t>(const std::string&, const Tensor<int64_t>&);
 
 Inputs load_case(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -94,7 +40,11 @@ Inputs load_case(const std::string& dir) {
   auto get_int = [&](const char* key) -> int64_t {
     if (!j.contains(key)) throw InputError(std::string("case.json ") + key, "an integer", "nothing");
     const auto& v = j[key];
-    if (!v.is_number_integer()) throw InputError(std::string("case.json ") + key, "an integer", v.dump());
+    // An unsigned value beyond int64 would wrap to a negative one (and a misleading message).
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int64_t>::max())) {
+      throw InputError(std::string("case.json ") + key, "an integer in int64 range", v.dump());
+    }
     return v.get<int64_t>();
   };
   in.block_size = get_int("block_size");

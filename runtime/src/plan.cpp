@@ -39,6 +39,12 @@ KvIndex build_kvouter_index(const Inputs& in, const Problem& p) {
   ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
   ix.head_unit_begin.push_back(0);
   ix.unit_edge_begin.push_back(0);
+  if (p.Tq == 0) {
+    // No query, no edge. The scratch below is sized by msb, which an empty block_tables
+    // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
+    ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
+    return ix;
+  }
 
   struct Edge {
     int32_t t, r, limit;

@@ -91,7 +91,12 @@ Problem validate(const Inputs& in) {
   p.msb = p.max_pages / p.ppb;
   expect_dim("selected.shape[0]", "(Tq, from q)", p.Tq, in.selected.dim(0));
   expect_dim("selected.shape[1]", "(Hkv, from k_pages)", p.Hkv, in.selected.dim(1));
-  expect_dim("cu_seqlens_q.shape[0]", "(B + 1, from block_tables)", p.B + 1,
+  // An empty block_tables ([B, 0]) may claim any B, even one where B + 1 overflows.
+  int64_t batch_plus_one = 0;
+  if (__builtin_add_overflow(p.B, 1, &batch_plus_one)) {
+    throw InputError("block_tables.shape[0] (B)", "a batch size below 2^63 - 1", str(p.B));
+  }
+  expect_dim("cu_seqlens_q.shape[0]", "(B + 1, from block_tables)", batch_plus_one,
              in.cu_seqlens_q.dim(0));
   if (in.used_kv_lens) {
     expect_dim("used_kv_lens.shape[0]", "(B, from block_tables)", p.B, in.used_kv_lens->dim(0));

@@ -69,6 +69,8 @@ with tempfile.TemporaryDirectory() as tmp:
     broken(lambda d: open(os.path.join(d, "case.json"), "w").write("{not json"), "corrupt json", "case.json")
     broken(lambda d: json.dump({"block_size": "64", "page_size": 16}, open(os.path.join(d, "case.json"), "w")),
            "json wrong type", "block_size")
+    broken(lambda d: open(os.path.join(d, "case.json"), "w").write('{"block_size": 18446744073709551615, "page_size": 16}'),
+           "json integer beyond int64", "18446744073709551615")
     broken(lambda d: open(os.path.join(d, "v_pages.npy"), "wb").write(b"garbage"), "garbage npy", "v_pages")
 
 with tempfile.TemporaryDirectory() as tmp:

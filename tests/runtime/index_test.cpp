@@ -2,6 +2,8 @@
 // trip, determinism, and the tile arrays.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "case_gen.h"
 #include "case_kinds.h"
 #include "kvouter/errors.h"
@@ -33,6 +35,26 @@ TEST(Index, RepeatedIdCountsOnce) {
   EXPECT_EQ(ix.inverse[1], -1);  // repeats dropped
   EXPECT_GE(ix.inverse[2], 0);
   EXPECT_EQ(ix.inverse[3], -1);
+}
+
+// fuzz_validate_plan: no sequence, and a table of 0 x (2^31 - 1) pages (no data) made the
+// index allocate per-block scratch for 2^31 blocks (16 GiB).
+TEST(Index, EmptyBatchWithWideTableAllocatesNothingPerBlock) {
+  Inputs in = hand_case({}, 0, 0, false, 1);
+  in.cu_seqlens_q.shape = {1};
+  in.cu_seqlens_q.data = {0};
+  in.used_kv_lens.reset();
+  in.block_tables.shape = {0, std::numeric_limits<int32_t>::max()};
+  in.block_tables.data.clear();
+  in.page_size = in.block_size = 1;
+  in.k_pages = Tensor<float>({1, 1, 1, 4});
+  in.v_pages = Tensor<float>({1, 1, 1, 4});
+  const Problem p = validate(in);
+  EXPECT_EQ(p.msb, std::numeric_limits<int32_t>::max());
+  const KvIndex ix = build_kvouter_index(in, p);
+  EXPECT_EQ(ix.num_units(), 0);
+  EXPECT_EQ(ix.head_unit_begin, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(make_plan(in).tiles.num_tiles, 0);
 }
 
 TEST(Index, DropsBlocksBeyondLength) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "case_gen.h"
 #include "kvouter/errors.h"
@@ -61,6 +62,8 @@ INSTANTIATE_TEST_SUITE_P(
         Violation{"cu_decreasing", [](Inputs& in) { in.cu_seqlens_q.data[1] = 6; }, {"cu_seqlens_q[2]", "non-decreasing"}},
         Violation{"cu_end", [](Inputs& in) { in.cu_seqlens_q.data[2] = 4; }, {"cu_seqlens_q[2]", "Tq = 5", "4"}},
         Violation{"batch_cu", [](Inputs& in) { in.cu_seqlens_q.shape = {4}; in.cu_seqlens_q.data = {0, 3, 5, 5}; }, {"cu_seqlens_q.shape[0]", "3", "4"}},
+        // fuzz_validate_plan: an empty table claiming B = 2^63 - 1 made B + 1 overflow.
+        Violation{"batch_overflow", [](Inputs& in) { in.block_tables.shape = {std::numeric_limits<int64_t>::max(), 0}; in.block_tables.data.clear(); }, {"block_tables.shape[0]", "9223372036854775807"}},
         Violation{"batch_used", [](Inputs& in) { in.used_kv_lens->shape = {1}; in.used_kv_lens->data = {16}; }, {"used_kv_lens.shape[0]", "2", "1"}},
         Violation{"kv_shape", [](Inputs& in) { set_dim(in.v_pages, 2, 2); }, {"v_pages.shape"}},
         Violation{"d_mismatch", [](Inputs& in) { set_dim(in.k_pages, 3, 4); set_dim(in.v_pages, 3, 4); }, {"k_pages.shape[3]", "8", "4"}},

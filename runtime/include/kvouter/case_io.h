@@ -1,6 +1,6 @@
-// Case folders (SPEC §4): .npy inputs plus case.json, read with Halide's maintained .npy codec
-// (tools/halide_image_io.h); outputs are written atomically (temp file + rename) so that a failed
-// run leaves nothing behind.
+// Case folders (SPEC §4): .npy inputs plus case.json. The .npy codec (src/npy.cpp) checks every
+// header field against the file before it allocates; outputs are written atomically (temp file +
+// rename) so that a failed run leaves nothing behind.
 #pragma once
 
 #include <string>

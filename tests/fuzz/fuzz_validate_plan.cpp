@@ -1,0 +1,144 @@
+// fuzz_validate_plan: validation, the index and the tiles on fuzzed inputs. Small dimensions and
+// arrays full of holes, negatives, huge values and wrong shapes come from the FuzzedDataProvider;
+// validate() may only throw InputError. When it accepts, build_kvouter_index and build_tiles
+// (several T) and make_plan must hold every invariant of plan_invariants.h, and the plan's
+// attended pairs must equal a brute-force count of SPEC §2.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cmath>
+#include <limits>
+
+#include "fuzz_common.h"
+#include "kvouter/errors.h"
+#include "plan_invariants.h"
+
+namespace {
+
+using namespace kvouter;
+
+constexpr int32_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kI32Min = std::numeric_limits<int32_t>::min();
+
+// An int32 array entry: mostly in [lo, hi) (the valid range), else one of the values that break
+// things (negative, the first invalid one, extremes) or anything at all.
+int32_t entry(FuzzedDataProvider& fdp, int64_t lo, int64_t hi) {
+  switch (fdp.ConsumeIntegralInRange<int>(0, 7)) {
+    case 0:
+      return -1;
+    case 1:
+      return static_cast<int32_t>(hi);
+    case 2:
+      return fdp.PickValueInArray({kI32Max, kI32Min, kI32Max - 1, -2});
+    case 3:
+      return fdp.ConsumeIntegral<int32_t>();
+    default:
+      return hi > lo ? static_cast<int32_t>(fdp.ConsumeIntegralInRange<int64_t>(lo, hi - 1)) : -1;
+  }
+}
+
+// An extent: usually the wanted one, sometimes off by one, zero, negative or huge.
+int64_t extent(FuzzedDataProvider& fdp, int64_t want, bool corrupt) {
+  if (!corrupt || fdp.ConsumeIntegralInRange<int>(0, 15) != 0) return want;
+  return fdp.PickValueInArray<int64_t>({want + 1, want - 1, 0, -1, kI32Max, int64_t{1} << 31,
+                                        int64_t{1} << 40, std::numeric_limits<int64_t>::max()});
+}
+
+// A tensor whose data holds `count` elements but whose shape may disagree (rank or extents).
+template <class T>
+Tensor<T> tensor(FuzzedDataProvider& fdp, std::vector<int64_t> shape, bool corrupt) {
+  Tensor<T> t;
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  t.data.assign(static_cast<size_t>(n), T{});
+  for (int64_t& e : shape) e = extent(fdp, e, corrupt);
+  if (corrupt && fdp.ConsumeIntegralInRange<int>(0, 31) == 0) {
+    if (fdp.ConsumeBool())
+      shape.push_back(1);
+    else if (!shape.empty())
+      shape.pop_back();
+  }
+  t.shape = std::move(shape);
+  return t;
+}
+
+Inputs fuzzed_inputs(FuzzedDataProvider& fdp) {
+  Inputs in;
+  const bool corrupt = fdp.ConsumeBool();  // shapes may disagree with each other and the data
+  const int64_t B = fdp.ConsumeIntegralInRange<int64_t>(0, 4);
+  const int64_t Hkv = fdp.ConsumeIntegralInRange<int64_t>(0, 3);
+  const int64_t Hq = Hkv * fdp.ConsumeIntegralInRange<int64_t>(0, 3) +
+                     (fdp.ConsumeIntegralInRange<int>(0, 15) == 0);
+  const int64_t D = fdp.ConsumeIntegralInRange<int64_t>(0, 3);
+  in.page_size = fdp.PickValueInArray<int64_t>({1, 2, 3, 4, 8, 0, -4});
+  in.block_size =
+      in.page_size * fdp.PickValueInArray<int64_t>({1, 2, 3, 4}) +
+      (fdp.ConsumeIntegralInRange<int>(0, 15) == 0 ? fdp.PickValueInArray<int64_t>({1, -1, -64})
+                                                   : 0);
+  const int64_t page_size = std::max<int64_t>(in.page_size, 1);
+  const int64_t ppb = std::max<int64_t>(in.block_size / page_size, 1);
+  const int64_t max_pages = fdp.ConsumeIntegralInRange<int64_t>(0, 12);
+  const int64_t num_pages = fdp.ConsumeIntegralInRange<int64_t>(0, 10);
+  const int64_t topk = fdp.ConsumeIntegralInRange<int64_t>(0, 5);
+  const int64_t msb = max_pages / ppb;
+
+  // Query counts per sequence, then cu_seqlens_q (valid or not).
+  std::vector<int64_t> qo(static_cast<size_t>(B));
+  int64_t Tq = 0;
+  for (auto& n : qo) Tq += n = fdp.ConsumeIntegralInRange<int64_t>(0, 4);
+  in.cu_seqlens_q = tensor<int64_t>(fdp, {B + 1}, corrupt);
+  for (size_t b = 0; b < in.cu_seqlens_q.data.size(); ++b) {
+    in.cu_seqlens_q.data[b] = b == 0 ? 0 : in.cu_seqlens_q.data[b - 1] + qo[b - 1];
+  }
+  if (fdp.ConsumeIntegralInRange<int>(0, 7) == 0 && !in.cu_seqlens_q.data.empty()) {
+    const size_t i = fdp.ConsumeIntegralInRange<size_t>(0, in.cu_seqlens_q.data.size() - 1);
+    in.cu_seqlens_q.data[i] = fdp.PickValueInArray<int64_t>(
+        {-1, Tq + 1, in.cu_seqlens_q.data[i] - 1, std::numeric_limits<int64_t>::max(),
+         std::numeric_limits<int64_t>::min()});
+  }
+
+  in.q = tensor<float>(fdp, {Tq, Hq, D}, corrupt);
+  in.k_pages = tensor<float>(fdp, {num_pages, Hkv, page_size, D}, corrupt);
+  in.v_pages = tensor<float>(fdp, {num_pages, Hkv, page_size, D}, corrupt);
+  in.block_tables = tensor<int32_t>(fdp, {B, max_pages}, corrupt);
+  for (auto& x : in.block_tables.data) x = entry(fdp, 0, num_pages);
+  in.selected = tensor<int32_t>(fdp, {Tq, Hkv, topk}, corrupt);
+  for (auto& x : in.selected.data) x = entry(fdp, 0, msb);
+  if (fdp.ConsumeBool()) {
+    in.used_kv_lens = tensor<int32_t>(fdp, {B}, corrupt);
+    for (auto& x : in.used_kv_lens->data) x = entry(fdp, 0, msb * in.block_size + 1);
+  }
+  in.causal = fdp.ConsumeBool();
+  if (fdp.ConsumeBool()) {
+    in.softmax_scale =
+        fdp.PickValueInArray<float>({0.5f, 0.f, -1.f, std::numeric_limits<float>::infinity(),
+                                     std::numeric_limits<float>::quiet_NaN(), 1e30f});
+  }
+  return in;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider fdp(data, size);
+  const Inputs in = fuzzed_inputs(fdp);
+  Problem p;
+  try {
+    p = validate(in);
+  } catch (const InputError&) {
+    return 0;
+  }
+  FUZZ_CHECK(std::isfinite(p.scale), "validated scale is not finite");
+  const KvIndex ix = build_kvouter_index(in, p);
+  const int64_t attended = fuzz::check_index(in, p, ix);
+  for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{16}, auto_tile_edges(ix)}) {
+    fuzz::check_tiles(in, p, ix, build_tiles(in, p, ix, T), T);
+  }
+  const int64_t T = fdp.ConsumeIntegralInRange<int64_t>(0, 5);
+  const Plan plan = make_plan(in, {T});
+  FUZZ_CHECK(plan.index.edge_query == ix.edge_query && plan.index.edge_limit == ix.edge_limit,
+             "make_plan's index differs from build_kvouter_index's");
+  fuzz::check_tiles(in, plan.problem, plan.index, plan.tiles, T > 0 ? T : auto_tile_edges(ix));
+  FUZZ_CHECK(plan.attended_pairs == attended, "attended pairs %lld, SPEC count %lld",
+             static_cast<long long>(plan.attended_pairs), static_cast<long long>(attended));
+  return 0;
+}
