@@ -27,9 +27,9 @@ for step in "$@"; do
       # No validation layer there (not installed); the same tests run under it on lavapipe in CI.
       timeout 300 $BIN/vulkan_test --gtest_brief=1 2>&1 | grep -v "^Vulkan: Configuring" | tee "$OUT/gpu_tests.log" | tail -25 ;;
     bench)
-      timeout 420 $BIN/kvouter_gpu_bench --json "$OUT/gpu_bench.json" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null ;;
+      timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null ;;
     torch)
-      PYTHONUNBUFFERED=1 timeout 420 python3 experiments/torch_compare.py /tmp/cases --json "$OUT/torch_compare.json" ${TORCH_ARGS:-} ;;
+      PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-420} python3 experiments/torch_compare.py /tmp/cases --json "$OUT/torch_compare.json" ${TORCH_ARGS:-} ;;
     sweep)
       # JIT knob sweep of the Vulkan schedules on the cases the bench step saved. SWEEP_CFGS:
       # space-separated "schedule:k=v,k=v" items; each line of sweep.txt is kvouter run's summary.
