@@ -176,7 +176,9 @@ def flex_setup(P):
         return table[b, q_idx, h // qhead, kv_idx // BS] & alloc[b, kv_idx] & (kv_idx <= bound[b, q_idx])
 
     t0 = time.time()
-    bm = create_block_mask(mask_mod, B, P.Hq, Qmax, Lpad, device=DEV, BLOCK_SIZE=128)
+    # _compile=True: evaluated blockwise, never materialising the dense [B, H, Q, KV] mask (which
+    # asked for 512 GiB at gpu-prefill).
+    bm = create_block_mask(mask_mod, B, P.Hq, Qmax, Lpad, device=DEV, BLOCK_SIZE=128, _compile=True)
     mask_s = time.time() - t0
     flex = torch.compile(flex_attention, dynamic=False)
 
