@@ -64,16 +64,29 @@ void gemm_stage(Func stage, Func acc, Var x, Var row, Var c, Var tile, int exten
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   const int RY = std::max(1, std::min(k.rows, 8)), RX = std::max(1, std::min(k.unroll, 8));
+  // The block's K, gathered from its pages once per tile and stored transposed (positions
+  // innermost): the score GEMM's threads, which run along positions, then read it coalesced and
+  // with no page-table lookups in their inner loop.
+  Var dO("dO"), di("di"), po("po"), pi("pi"), ct("ct");
+  f.kf.compute_root()
+      .reorder_storage(f.p, f.d, f.c, f.tile)
+      .split(f.d, dO, di, 32, guard)
+      .split(f.p, po, pi, 8, guard)
+      .reorder(di, pi, dO, po, f.c, f.tile)
+      .fuse(f.c, f.tile, ct)
+      .gpu_blocks(dO, po, ct)
+      .gpu_threads(di, pi);
   // Scores: wrapper sw over (p, row, c, tile) at root; the reduction over D in registers.
   Func sw = f.s.in();
   gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);
-  // Device-resident intermediates are stored densely with the tile outermost: the runtime pads
+  // Device-resident intermediates (K, scores, weights, statistics, P.V) are stored densely with
+  // the tile outermost: the runtime pads
   // the tile count to a multiple of 16, so every buffer's byte size is a multiple of 64 (Halide
   // 21's Vulkan allocator, README). align_storage would break that: Halide sizes a buffer to its
   // last element, so a padded stride leaves an odd-sized tail (measured: 8160-byte buffers).
   // Row statistics over the block's positions (one thread per row) and the softmax weights
   // exp(s - cmax), stored once rather than recomputed by every thread of the P.V stage.
-  Var ro("ro"), ri("ri"), po("po"), pi("pi"), ct("ct");
+  Var ro("ro"), ri("ri");
   // Each statistic is a wrapper at root (one thread per row) with the reduction in that thread's
   // registers: its initial value and its update then run in one kernel. As two kernels (a
   // compute_root Func with an update) the update sometimes ran on uninitialised values on

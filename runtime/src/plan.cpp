@@ -196,16 +196,19 @@ Plan make_plan(const Inputs& in, const PlanOptions& opt) {
   plan.tiles = build_tiles(in, p, plan.index, T);
   if (opt.max_batch_partial_floats > 0) {
     // Query batches whose partials each fit the limit: start from the even split, halve the
-    // batch until every batch fits (tiles cut at batch boundaries add padding rows).
-    const int64_t row_floats = p.qhead * (p.D + layout::kPartialExtra);
+    // batch until every batch fits (tiles cut at batch boundaries add padding rows). A tile's
+    // largest device buffer share: its partials, or the GPU schedules' per-tile intermediates
+    // (scores and weights: block x rows; the block's K: block x D).
+    const int64_t rows = T * p.qhead;
+    const int64_t tile_floats = std::max({rows * (p.D + layout::kPartialExtra), p.block_size * rows, p.block_size * p.D});
     auto fits = [&](const TileSet& ts) {
       for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
-        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * ts.T * row_floats > opt.max_batch_partial_floats) return false;
+        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * tile_floats > opt.max_batch_partial_floats) return false;
       }
       return true;
     };
     if (!fits(plan.tiles)) {
-      const double total = static_cast<double>(plan.tiles.num_partials()) * static_cast<double>(row_floats);
+      const double total = static_cast<double>(plan.tiles.num_tiles) * static_cast<double>(tile_floats);
       int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt.max_batch_partial_floats) / total));
       for (;;) {
         plan.tiles = build_tiles(in, p, plan.index, T, Q);

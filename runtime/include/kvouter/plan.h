@@ -56,8 +56,9 @@ struct PlanOptions {
   // T, edges per tile. 0 = automatic: the next power of two of the mean edges per work unit,
   // capped at 16 (decode-like plans, one query per unit, get T = 1 instead of 15 padding rows).
   int64_t tile_edges = 0;
-  // 0 = one batch. Otherwise queries are batched so that no batch's partials exceed this many
-  // floats (GPU backends: the device's storage-buffer limit and Halide's int32 indexing).
+  // 0 = one batch. Otherwise queries are batched so that no batch's tiles hold more than this
+  // many floats in any one device buffer: partials, or the GPU schedules' per-tile scores and K
+  // (GPU backends: the device's storage-buffer limit and Halide's int32 indexing).
   int64_t max_batch_partial_floats = 0;
 };
 
