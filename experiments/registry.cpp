@@ -72,6 +72,16 @@ void register_all_backends() {
 const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
 const char* default_vulkan_schedule() { return "vulkan_tiled"; }
+std::string default_target() {
+  // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU
+  // paths on the GPU shapes (README "Vulkan"); on lavapipe (a CPU device) they are slower than
+  // the CPU schedules, so a CPU Vulkan device never becomes the default.
+  for (const auto& d : vulkan_devices()) {
+    if (d.type != "cpu") return "host-vulkan";
+  }
+  return "host";
+}
+
 bool is_vulkan_target(const std::string& target) { return target.find("vulkan") != std::string::npos; }
 
 }  // namespace kvouter::experiments

@@ -19,6 +19,9 @@ const std::vector<ScheduleInfo>& all_schedules() {
       {"auto_adams2019", "cpu", nullptr, nullptr, "Adams2019", "Adams2019 autoscheduler twin"},
       {"auto_mullapudi2016", "cpu", nullptr, nullptr, "Mullapudi2016", "Mullapudi2016 autoscheduler twin"},
       {"auto_li2018", "cpu", nullptr, nullptr, "Li2018", "Li2018 autoscheduler twin"},
+      {"auto_anderson2021", "vulkan", nullptr, nullptr, "Anderson2021", "Anderson2021 (GPU) autoscheduler twin"},
+      {"auto_mullapudi2016_gpu", "vulkan", nullptr, nullptr, "Mullapudi2016",
+       "Mullapudi2016 autoscheduler twin with its experimental GPU schedules"},
   };
   return list;
 }

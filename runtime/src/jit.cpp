@@ -63,6 +63,10 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
   // Adams2019's default beam search (beam 32) over this pipeline exhausted 8 GB in 45 s on the
   // 2-core CI machine; a greedy pass (beam 1) is what the twin uses.
   if (autoscheduler == "Adams2019") extra["beam_size"] = "1";
+  if (t.has_gpu_feature()) {
+    if (autoscheduler == "Mullapudi2016") extra["experimental_gpu_schedule"] = "1";
+    if (autoscheduler == "Anderson2021") extra = {{"parallelism", "132"}, {"beam_size", "1"}};  // H200: 132 SMs
+  }
   Halide::AutoschedulerParams asp(autoscheduler, extra);
   auto g = Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
   g->set_generatorparam_values(gp);
