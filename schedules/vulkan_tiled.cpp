@@ -82,10 +82,11 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
   Func sw = f.s.in();
   gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);
   // Device-resident intermediates (K, scores, weights, statistics, P.V) are stored densely with
-  // the tile outermost: the runtime pads
-  // the tile count to a multiple of 16, so every buffer's byte size is a multiple of 64 (Halide
-  // 21's Vulkan allocator, README). align_storage would break that: Halide sizes a buffer to its
-  // last element, so a padded stride leaves an odd-sized tail (measured: 8160-byte buffers).
+  // the tile outermost: the runtime pads the tile count to a multiple of 16, so every buffer's
+  // byte size is a multiple of 64 (Halide 21's Vulkan allocator, README). align_storage would
+  // break that: Halide sizes a buffer to its last element, so a padded stride leaves an
+  // odd-sized tail (measured: 8160-byte buffers).
+  //
   // Row statistics over the block's positions (one thread per row) and the softmax weights
   // exp(s - cmax), stored once rather than recomputed by every thread of the P.V stage.
   Var ro("ro"), ri("ri");

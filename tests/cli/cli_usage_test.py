@@ -47,6 +47,19 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
     expect(os.path.exists(os.path.join(out, "out.npy")), "default run writes out.npy")
 
+    # No Vulkan device (the loader finds no driver): one clear line, exit 2, nothing written, for
+    # both the JIT and the AOT backend (Halide's own runtime would abort the process).
+    novk = dict(os.environ, VK_ICD_FILENAMES=os.path.join(tmp, "no_such_icd.json"),
+                VK_DRIVER_FILES=os.path.join(tmp, "no_such_icd.json"))
+    for backend in ("jit", "aot"):
+        out_vk = os.path.join(tmp, "out_novk_" + backend)
+        r = subprocess.run([cli, "run", case, "--out", out_vk, "--backend", backend, "--schedule", "vulkan_tiled",
+                            "--target", "host-vulkan"], capture_output=True, text=True, timeout=120, env=novk)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        expect(r.returncode == 2 and len(lines) == 1 and "no usable Vulkan device" in lines[0]
+               and not os.path.exists(os.path.join(out_vk, "out.npy")),
+               f"{backend}: an absent Vulkan device is one clear error, exit 2: {r.stderr.strip()[:200]}")
+
     # Wrong dtype, truncated file, missing file, malformed case.json: exit 2, one line, nothing written.
     def broken(mutate, what, needle):
         bad = os.path.join(tmp, "bad_" + what.replace(" ", "_"))
