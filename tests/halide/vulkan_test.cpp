@@ -148,6 +148,19 @@ TEST(Vulkan, AotVariantsOnTheirShape) {
   s.kv = {512};
   const Inputs in = experiments::make_case(s);
   for (const auto& schedule : vulkan_schedules()) check("aot", schedule, in, "prefill-like");
+  // The kernels measured on the H200, on small cases of their specialisation (there is no
+  // generic Vulkan variant, so a run means the specialised one was chosen): gpu-prefill's
+  // (D 128, page 64, block 128, qhead 16, T 16) and gpu-decode's (T 1).
+  experiments::CaseSpec gp = experiments::named_shape("gpu-prefill");
+  gp.qo = {64};
+  gp.kv = {1024};
+  const Inputs gpu_prefill_like = experiments::make_case(gp);
+  for (const auto& schedule : vulkan_schedules()) check("aot", schedule, gpu_prefill_like, "gpu-prefill-like");
+  experiments::CaseSpec gd = experiments::named_shape("gpu-decode");
+  gd.qo = {1, 1, 1};
+  gd.kv = {2048, 1500, 640};
+  const Inputs gpu_decode_like = experiments::make_case(gd);
+  for (const auto& schedule : vulkan_schedules()) check("aot", schedule, gpu_decode_like, "gpu-decode-like");
 }
 
 TEST(Vulkan, CpuScheduleOnVulkanTargetIsAClearError) {
