@@ -61,6 +61,19 @@ void gemm_stage(Func stage, Func acc, Var x, Var row, Var c, Var tile, int exten
   acc.update().reorder(x, row, r).unroll(x).unroll(row);
 }
 
+// An element-wise stage over (a, b, c, tile) at root: fa x fb threads per workgroup.
+void elementwise_stage(Func stage, Var a, Var b, Var c, Var tile, int fa, int fb) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  Var ao("ao"), ai("ai"), bo("bo"), bi("bi"), ct("ct");
+  stage.compute_root()
+      .split(a, ao, ai, fa, guard)
+      .split(b, bo, bi, fb, guard)
+      .reorder(ai, bi, ao, bo, c, tile)
+      .fuse(c, tile, ct)
+      .gpu_blocks(ao, bo, ct)
+      .gpu_threads(ai, bi);
+}
+
 }  // namespace
 
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
@@ -69,15 +82,8 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
   // The block's K, gathered from its pages once per tile and stored transposed (positions
   // innermost): the score GEMM's threads, which run along positions, then read it coalesced and
   // with no page-table lookups in their inner loop.
-  Var dO("dO"), di("di"), po("po"), pi("pi"), ct("ct");
-  f.kf.compute_root()
-      .reorder_storage(f.p, f.d, f.c, f.tile)
-      .split(f.d, dO, di, 32, guard)
-      .split(f.p, po, pi, 8, guard)
-      .reorder(di, pi, dO, po, f.c, f.tile)
-      .fuse(f.c, f.tile, ct)
-      .gpu_blocks(dO, po, ct)
-      .gpu_threads(di, pi);
+  elementwise_stage(f.kf, f.d, f.p, f.c, f.tile, 32, 8);
+  f.kf.reorder_storage(f.p, f.d, f.c, f.tile);
   // Scores: wrapper sw over (p, row, c, tile) at root; the reduction over D in registers.
   Func sw = f.s.in();
   gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);
@@ -99,12 +105,7 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
     w.compute_root().split(f.row, ro, ri, 64, guard).gpu_blocks(ro, f.c, f.tile).gpu_threads(ri);
     stat->compute_at(w, ri).store_in(MemoryType::Register);
   }
-  f.pexp.compute_root()
-      .split(f.p, po, pi, 32, guard).split(f.row, ro, ri, 8, guard)
-      .reorder(pi, ri, po, ro, f.c, f.tile)
-      .fuse(f.c, f.tile, ct)
-      .gpu_blocks(po, ro, ct)
-      .gpu_threads(pi, ri);
+  elementwise_stage(f.pexp, f.p, f.row, f.c, f.tile, 32, 8);
   // P.V: wrapper over (d, row, c, tile); the reduction over positions in registers.
   Func cw = f.cpv.in();
   gemm_stage(cw, f.cpv, f.d, f.row, f.c, f.tile, f.static_D, group_rows, RX, RY, f.rp.x);
