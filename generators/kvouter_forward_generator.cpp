@@ -100,21 +100,15 @@ class KvouterForward : public Generator<KvouterForward> {
     f.csum(row, c, tile) = 0.f;
     f.csum(row, c, tile) += f.pexp(f.rp.x, row, c, tile);
     // Online softmax across the chunks of the block. m and l are carried per d (each point's
-    // update then reads only itself: race-free, vectorisable); on the CPU the output reads them
-    // from d = D - 1. On a GPU the state runs over the output's own channels ch in [0, D + 2)
-    // (channels past D carry a copy of the o of D - 1), so output channel ch reads state ch only
-    // and each GPU thread keeps its channels' state in registers.
-    const bool gpu = get_target().has_gpu_feature();
-    Var sv = gpu ? ch : d;
-    Expr sd = gpu ? min(sv, D - 1) : Expr(sv);
-    f.st(sv, row, tile) = Tuple(0.f, kMasked, 0.f);
-    Expr m_old = f.st(sv, row, tile)[1];
+    // update then reads only itself: race-free, vectorisable); the output reads them from d - 1.
+    f.st(d, row, tile) = Tuple(0.f, kMasked, 0.f);
+    Expr m_old = f.st(d, row, tile)[1];
     Expr cm = f.cmax(row, f.rc.x, tile);
     Expr m_new = max(m_old, cm);
     Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
-    f.st(sv, row, tile) = Tuple(f.st(sv, row, tile)[0] * alpha + f.cpv(sd, row, f.rc.x, tile) * beta, m_new,
-                                f.st(sv, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
-    Expr dd = gpu ? Expr(ch) : min(ch, D - 1);
+    f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
+                               f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+    Expr dd = min(ch, D - 1);
     partials(ch, row, tile) = select(ch < D, f.st(dd, row, tile)[0], ch == D, f.st(dd, row, tile)[1],
                                      f.st(dd, row, tile)[2]);
     f.out = partials;

@@ -38,7 +38,7 @@ struct ForwardFuncs {
   Halide::Func pexp;    // (p, row, c, tile)
   Halide::Func cpv;     // (d, row, c, tile)
   Halide::Func csum;    // (row, c, tile)
-  Halide::Func st;      // (d, row, tile) on CPUs, (ch, row, tile) on GPUs: Tuple(o, m, l) over chunks rc
+  Halide::Func st;      // (d, row, tile)          Tuple(o, m, l), online over chunks rc
   Halide::Func out;     // (ch, row, tile)         the packed partials (the Output)
   Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"};
   Halide::RDom rd;      // over D
