@@ -3,8 +3,11 @@
 // It links no compiler (libHalide) at all: built here, carried to the GPU machine with its Vulkan
 // loader (README "GPU results"), it needs only libc there.
 //
-//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_tiled,vulkan_rows]
-//                     [--reps 5] [--json FILE] [--case-dir DIR] [--no-check]
+//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_fused,vulkan_tiled,...]
+//                     [--all-variants] [--reps 5] [--json FILE] [--case-dir DIR] [--no-check]
+//
+// Each schedule runs its default variant for the shape (the first generated); --all-variants runs
+// every generated variant that fits (the knob points of generators/CMakeLists.txt).
 //
 // --case-dir writes each shape's inputs (npy, as `kvouter run` reads them) and the first
 // schedule's outputs there, for experiments/torch_compare.py to run PyTorch on the same data.
@@ -18,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "case_gen.h"
 #include "cli_util.h"
@@ -135,9 +139,9 @@ json errors_json(const Outputs& got, const Outputs& ref) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_tiled", "vulkan_rows"};
+  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_fused", "vulkan_tiled", "vulkan_rows"};
   int reps = 5;
-  bool check = true;
+  bool check = true, all_variants = false;
   std::string json_path, case_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -151,7 +155,8 @@ int run(int argc, char** argv) {
     else if (a == "--json") json_path = next();
     else if (a == "--case-dir") case_dir = next();
     else if (a == "--no-check") check = false;
-    else throw InputError("argument", "--shapes/--schedules/--reps/--json/--case-dir/--no-check", a);
+    else if (a == "--all-variants") all_variants = true;
+    else throw InputError("argument", "--shapes/--schedules/--all-variants/--reps/--json/--case-dir/--no-check", a);
   }
   halide::register_generated_aot_kernels();
   std::string why;
@@ -192,10 +197,24 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", shape.c_str(), std::thread::hardware_concurrency(), ms);
     }
     std::map<std::string, Outputs> outs;
+    // (schedule, variant or "" = its default, key): the key is the schedule for its default
+    // variant, the variant's name for the other knob points.
+    std::vector<std::tuple<std::string, std::string, std::string>> runs;
     for (const auto& schedule : schedules) {
+      std::vector<std::string> fit;
+      if (all_variants) {
+        auto be = halide::make_aot_backend({"aot", schedule, {}, "host-vulkan"});
+        fit = halide::aot_fitting(schedule, "host-vulkan", make_plan(in, be->plan_options()));
+      }
+      if (fit.empty()) fit.push_back("");
+      for (size_t i = 0; i < fit.size(); ++i) runs.emplace_back(schedule, fit[i], i == 0 ? schedule : fit[i]);
+    }
+    for (const auto& [schedule, variant, key] : runs) {
       json r = {{"schedule", schedule}, {"backend", "aot"}, {"target", "host-vulkan"}};
       try {
-        auto be = halide::make_aot_backend({"aot", schedule, {}, "host-vulkan"});
+        std::map<std::string, std::string> params;
+        if (!variant.empty()) params["variant"] = variant;
+        auto be = halide::make_aot_backend({"aot", schedule, params, "host-vulkan"});
         const Plan plan = make_plan(in, be->plan_options());
         Timed t = time_backend(*be, plan, in, reps);
         const double ms = median(t.total), flops = plan.flops(), kv_bytes = plan.kv_unit_bytes();
@@ -215,16 +234,17 @@ int run(int argc, char** argv) {
                   {"kv_tbps", kv_bytes / ms / 1e9},
                   {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
         if (have_baseline) r["vs_direct"] = errors_json(t.out, baseline);
-        for (const auto& [other, o] : outs) r["vs_" + other] = errors_json(t.out, o);
+        // Against the first GPU run only (gpu-prefill's outputs are 1 GB each).
+        if (!outs.empty()) r["vs_" + outs.begin()->first] = errors_json(t.out, outs.begin()->second);
         std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
-                     shape.c_str(), schedule.c_str(), ms, median(t.fwd), median(t.comb), flops / ms / 1e9,
+                     shape.c_str(), key.c_str(), ms, median(t.fwd), median(t.comb), flops / ms / 1e9,
                      100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
                      have_baseline ? (r["vs_direct"]["within_tolerance"].get<bool>() ? "matches direct" : "DIFFERS from direct") : "unchecked");
         if (!case_dir.empty() && outs.empty()) save_outputs(case_dir + "/" + shape + "/kvouter_" + schedule, t.out);
-        outs[schedule] = std::move(t.out);
+        if (outs.empty()) outs[key] = std::move(t.out);
       } catch (const std::exception& e) {
         r["error"] = e.what();
-        std::fprintf(stderr, "%s %s: ERROR %s\n", shape.c_str(), schedule.c_str(), e.what());
+        std::fprintf(stderr, "%s %s: ERROR %s\n", shape.c_str(), key.c_str(), e.what());
       }
       shape_doc["runs"].push_back(r);
     }

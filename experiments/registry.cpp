@@ -41,8 +41,7 @@ void register_all_backends() {
              for (const auto& s : pipeline::all_schedules()) known += (known.empty() ? "" : ", ") + s.name;
              throw BackendError("--schedule: expected one of {" + known + "}, got '" + c.schedule + "'");
            }
-           // GPU schedules process the block as one chunk (the generator clamps chunk to it).
-           if (info->device == "vulkan" && !c.params.count("chunk")) c.params["chunk"] = "4096";
+           for (const auto& [k, v] : info->default_params) c.params.emplace(k, v);  // unless set
            return halide::make_jit_backend(c, info->autoscheduler, info->device);
          }});
   halide::register_generated_aot_kernels();
@@ -71,7 +70,7 @@ void register_all_backends() {
 
 const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
-const char* default_vulkan_schedule() { return "vulkan_tiled"; }
+const char* default_vulkan_schedule() { return "vulkan_fused"; }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU
   // paths on the GPU shapes (README "Vulkan"); on lavapipe (a CPU device) they are slower than

@@ -30,16 +30,17 @@ struct Knobs {
 // carried per d so that each point's update reads only itself (parallel, vectorisable, GPU
 // threads). partials(ch, row, tile) packs [o | m | l], ch in [0, D + 2).
 struct ForwardFuncs {
-  Halide::Func qf;      // (d, row, tile)          gathered, pre-scaled query rows of the tile
-  Halide::Func kf;      // (d, p, c, tile)         gathered K chunk
-  Halide::Func vf;      // (d, p, c, tile)         gathered V chunk
-  Halide::Func s;       // (p, row, c, tile)       masked scaled scores
-  Halide::Func cmax;    // (row, c, tile)
-  Halide::Func pexp;    // (p, row, c, tile)
-  Halide::Func cpv;     // (d, row, c, tile)
-  Halide::Func csum;    // (row, c, tile)
-  Halide::Func st;      // (d, row, tile)          Tuple(o, m, l), online over chunks rc
-  Halide::Func out;     // (ch, row, tile)         the packed partials (the Output)
+  // Named, so that Halide's messages and generated kernels say which stage they mean.
+  Halide::Func qf{"qf"};        // (d, row, tile)          gathered, pre-scaled query rows
+  Halide::Func kf{"kf"};        // (d, p, c, tile)         gathered K chunk
+  Halide::Func vf{"vf"};        // (d, p, c, tile)         gathered V chunk
+  Halide::Func s{"s"};          // (p, row, c, tile)       masked scaled scores
+  Halide::Func cmax{"cmax"};    // (row, c, tile)
+  Halide::Func pexp{"pexp"};    // (p, row, c, tile)
+  Halide::Func cpv{"cpv"};      // (d, row, c, tile)
+  Halide::Func csum{"csum"};    // (row, c, tile)
+  Halide::Func st{"st"};        // (d, row, tile)          Tuple(o, m, l), online over chunks rc
+  Halide::Func out{"out"};      // (ch, row, tile)         the packed partials (the Output)
   Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"};
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions

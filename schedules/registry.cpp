@@ -13,9 +13,16 @@ const std::vector<ScheduleInfo>& all_schedules() {
       {"cpu_rowstream", "cpu", cpu_rowstream_forward, cpu_simple_combine, "",
        "per tile: K/V chunk staged once, rows streamed in register blocks (scores never stored)"},
       {"vulkan_tiled", "vulkan", vulkan_tiled_forward, vulkan_combine, "",
-       "one workgroup per tile: K/V chunk staged in shared memory, register tiles of the online state"},
+       "GEMM stages per tile (one workgroup per tile each): K staged transposed, register-tiled "
+       "scores and P.V through device memory; the block is one chunk",
+       {{"chunk", "4096"}}},
       {"vulkan_rows", "vulkan", vulkan_rows_forward, vulkan_combine, "",
-       "workgroups over (row group, tile): per-thread scores, no shared staging"},
+       "vulkan_tiled's stages with workgroups of one edge's rows (qhead) each",
+       {{"chunk", "4096"}}},
+      {"vulkan_fused", "vulkan", vulkan_fused_forward, vulkan_combine, "",
+       "one kernel per (row group, tile): K/V chunk staged in shared memory, online softmax over "
+       "chunks, state in shared memory",
+       {{"chunk", "8"}, {"rows", "8"}}},
       {"auto_adams2019", "cpu", nullptr, nullptr, "Adams2019", "Adams2019 autoscheduler twin"},
       {"auto_mullapudi2016", "cpu", nullptr, nullptr, "Mullapudi2016", "Mullapudi2016 autoscheduler twin"},
       {"auto_li2018", "cpu", nullptr, nullptr, "Li2018", "Li2018 autoscheduler twin"},

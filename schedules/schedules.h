@@ -2,6 +2,7 @@
 // schedules/registry.cpp; it then shows up in the CLI, the tests, the benchmarks and the sweeps.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct ScheduleInfo {
   CombineSchedule combine;
   std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
   std::string summary;
+  // Knobs this schedule runs with unless the caller sets them (--param), e.g. chunk for the GPU
+  // schedules, whose shared memory the chunk sizes.
+  std::map<std::string, std::string> default_params = {};
 };
 
 const std::vector<ScheduleInfo>& all_schedules();
@@ -33,6 +37,7 @@ void cpu_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void cpu_rowstream_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void vulkan_fused_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 // GPU schedules need the shapes that size shared memory specialised; throws CompileError if not.
 void vulkan_require_static(const ForwardFuncs& f, const char* name);

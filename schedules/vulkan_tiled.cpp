@@ -14,9 +14,9 @@
 // cover the block (the registry passes 256; a chunk smaller than the block is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
-// Measured (H200, AOT host-vulkan, README "Vulkan"): gpu-decode 33.6 ms = 0.7 % of HBM bandwidth
-// (target 60 %: not met); gpu-prefill 4383 ms = 0.7 % of FP32 peak, measured before the K staging
-// (target 20 %: not met). On lavapipe (CI) it is for correctness only.
+// Measured (H200, AOT host-vulkan, README "Vulkan"): gpu-decode 33.9 ms = 0.7 % of HBM bandwidth
+// (target 60 %: not met; vulkan_fused 29.6 ms); gpu-prefill 4383 ms = 0.7 % of FP32 peak, measured
+// before the K staging (target 20 %: not met). On lavapipe (CI) it is for correctness only.
 #include <algorithm>
 
 #include "kvouter/tile_layout.h"
@@ -127,14 +127,25 @@ void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
 
 void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  Var dO("dO"), di("di"), to("to"), ti("ti"), jo("jo"), ji("ji");
+  // One thread per (32nd of D, query head), a workgroup per (4 query heads, query): every thread
+  // reduces its D / 32 channels over the query's partials in registers. (The first version looped
+  // over the query heads inside each thread: 3.3 ms on gpu-decode, each step waiting on global
+  // loads.)
+  Var dO("dO"), di("di"), jo("jo"), ji("ji"), to("to"), ti("ti");
+  const Halide::Internal::IntImm* static_D = f.D.as<Halide::Internal::IntImm>();
   f.out.compute_root()
       .split(f.d, dO, di, 32, guard)
-      .split(f.t, to, ti, 4, guard)
-      .reorder(f.j, di, ti, dO, to)
-      .gpu_blocks(dO, to)
-      .gpu_threads(di, ti);
-  f.osum.compute_at(f.out, di);
+      .split(f.j, jo, ji, 4, guard)
+      .reorder(dO, di, ji, jo, f.t)
+      .gpu_blocks(jo, f.t)
+      .gpu_threads(di, ji);
+  f.osum.compute_at(f.out, di).store_in(MemoryType::Register);
+  f.osum.update().reorder(f.d, f.rk.x);
+  if (static_D) {
+    f.out.unroll(dO);
+    f.osum.unroll(f.d);
+    f.osum.update().unroll(f.d);
+  }
   // As in the forward: each statistic a wrapper at root, its reduction in registers, so its
   // initial value and update run in one kernel. Stored densely over (j, t) with t padded to 16
   // by the runtime: byte sizes are multiples of 64 (Halide 21's Vulkan allocator).

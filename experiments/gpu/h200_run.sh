@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (README "GPU results"): Vulkan through the NVIDIA driver with a
 # carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
-# same inputs. Carried (built here with `cmake --preset gpu-carry`, see README):
+# same inputs. Carried (built here by `make gpu-carry`; add kvouter to CARRY_BINS for `sweep`):
 #   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)
-#   .carry/bin/{kvouter_gpu_bench,vulkan_test,kvouter}   portable builds
-#   .carry/lib/{libHalide.so.xz,libgomp.so.1,libyaml-cpp.so.0.7}
+#   .carry/bin/{kvouter_gpu_bench,vulkan_test[,kvouter]}   portable builds
+#   .carry/lib/{libHalide.so.xz,libautoschedule_*.so,libgomp.so.1,libyaml-cpp.so.0.7}
 # Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench torch sweep)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -15,7 +15,7 @@ echo '{"file_format_version":"1.0.0","ICD":{"library_path":"/usr/local/nvidia/li
 export VK_ICD_FILENAMES=/tmp/nv_icd.json VK_DRIVER_FILES=/tmp/nv_icd.json XDG_RUNTIME_DIR=/tmp/xdg
 unset HL_VK_DEVICE_TYPE
 [ -f /tmp/kvlib/libHalide.so ] || xz -dc .carry/lib/libHalide.so.xz > /tmp/kvlib/libHalide.so
-cp -n .carry/lib/libgomp.so.1 .carry/lib/libyaml-cpp.so.0.7 /tmp/kvlib/ 2>/dev/null
+cp -n .carry/lib/*.so* /tmp/kvlib/ 2>/dev/null  # libgomp, yaml-cpp, the autoscheduler plugins
 export LD_LIBRARY_PATH=/tmp/kvlib
 BIN=.carry/bin
 for step in "$@"; do

@@ -1,5 +1,6 @@
 #include "kvouter/aot.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "kvouter/errors.h"
@@ -29,11 +30,23 @@ int specificity(const Specialization& s) {
 class AotBackend final : public Backend {
  public:
   explicit AotBackend(const BackendConfig& cfg) : schedule_(cfg.schedule), target_(cfg.target.empty() ? "host" : cfg.target) {
-    for (const auto& [k, v] : cfg.params) {
-      if (k != "T") throw BackendError("--param " + k + ": the aot backend runs generated variants; only T (the plan's tile size) may be set, other knobs need `kvouter export`");
+    std::map<std::string, std::string> knobs = cfg.params;
+    if (auto it = knobs.find("variant"); it != knobs.end()) {
+      variant_ = it->second;
+      knobs.erase(it);
+      const AotVariant* v = nullptr;
+      for (const auto& x : aot_variants()) v = x.name == variant_ ? &x : v;
+      if (!v) throw BackendError("--param variant: no generated variant named '" + variant_ + "' (`kvouter run --backend aot` lists them with --help)");
+      if (v->schedule != schedule_ || v->target != target_) {
+        throw BackendError("--param variant: '" + variant_ + "' is schedule '" + v->schedule + "' for target '" + v->target +
+                           "', not '" + schedule_ + "' for '" + target_ + "'");
+      }
+    }
+    for (const auto& [k, v] : knobs) {
+      if (k != "T") throw BackendError("--param " + k + ": the aot backend runs generated variants; only T (the plan's tile size) and variant (one generated variant by name) may be set, other knobs need `kvouter export`");
       (void)v;
     }
-    knobs_ = checked_knobs(cfg.params);
+    knobs_ = checked_knobs(knobs);
     bool any = false;
     for (const auto& v : aot_variants()) any |= v.schedule == schedule_ && v.target == target_;
     if (!any) {
@@ -54,7 +67,7 @@ class AotBackend final : public Backend {
     return o;
   }
   Outputs run(const Plan& plan, const Inputs& in) override {
-    const AotVariant& v = aot_select(schedule_, target_, plan);
+    const AotVariant& v = aot_select(schedule_, target_, plan, variant_);
     last_variant_ = v.name;
     Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
     timing_.compile_ms = 0;
@@ -68,6 +81,7 @@ class AotBackend final : public Backend {
  private:
   std::string schedule_, target_;
   std::map<std::string, std::string> knobs_;
+  std::string variant_;  // empty: the most specific variant that fits the plan
   std::string last_variant_ = "-";
 };
 
@@ -79,17 +93,33 @@ void set_aot_error_source(std::string (*source)()) { error_source = source; }
 
 const std::vector<AotVariant>& aot_variants() { return variants(); }
 
-const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan) {
+const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan,
+                             const std::string& name) {
   const Specialization need = Specialization::of(plan);
   const AotVariant* best = nullptr;
   for (const auto& v : variants()) {
     if (v.schedule != schedule || v.target != target || !spec_matches(v.spec, need)) continue;
+    if (!name.empty() && v.name != name) continue;
     if (!best || specificity(v.spec) > specificity(best->spec)) best = &v;
   }
   if (!best) {
-    throw BackendError("aot: no generated variant of '" + schedule + "' for target '" + target + "' fits " + need.str());
+    throw BackendError("aot: no generated variant of '" + schedule + "' for target '" + target + "'" +
+                       (name.empty() ? "" : " named '" + name + "'") + " fits " + need.str());
   }
   return *best;
+}
+
+std::vector<std::string> aot_fitting(const std::string& schedule, const std::string& target, const Plan& plan) {
+  const Specialization need = Specialization::of(plan);
+  std::vector<const AotVariant*> fit;
+  for (const auto& v : variants()) {
+    if (v.schedule == schedule && v.target == target && spec_matches(v.spec, need)) fit.push_back(&v);
+  }
+  std::stable_sort(fit.begin(), fit.end(),
+                   [](const AotVariant* a, const AotVariant* b) { return specificity(a->spec) > specificity(b->spec); });
+  std::vector<std::string> names;
+  for (const auto* v : fit) names.push_back(v->name);
+  return names;
 }
 
 std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg) { return std::make_unique<AotBackend>(cfg); }

@@ -44,7 +44,7 @@ std::vector<VulkanDevice> vulkan_devices(std::string* why) {
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated-gpu"
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? "virtual-gpu"
                                                                                   : "other";
-      out.push_back({p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange});
+      out.push_back({p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange, p.limits.maxComputeSharedMemorySize});
     }
   }
   if (destroy) destroy(inst, nullptr);

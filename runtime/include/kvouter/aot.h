@@ -34,9 +34,13 @@ void aot_register(const AotVariant& v);
 void set_aot_error_source(std::string (*source)());
 const std::vector<AotVariant>& aot_variants();
 
-// Best variant for (schedule, target, plan): an exact specialisation, else the generic one.
-// Throws BackendError listing what exists when none fits.
-const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan);
+// Best variant for (schedule, target, plan): an exact specialisation, else the generic one; with
+// `name`, only the variant of that name. Throws BackendError when none fits.
+const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan,
+                             const std::string& name = "");
+
+// Every variant of (schedule, target) that fits the plan, the one aot_select picks first.
+std::vector<std::string> aot_fitting(const std::string& schedule, const std::string& target, const Plan& plan);
 
 std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg);
 

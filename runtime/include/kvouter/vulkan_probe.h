@@ -13,6 +13,7 @@ struct VulkanDevice {
   std::string type;  // "cpu", "discrete-gpu", "integrated-gpu", "virtual-gpu", "other"
   uint32_t api_version = 0;
   uint64_t max_storage_buffer_bytes = 0;  // VkPhysicalDeviceLimits::maxStorageBufferRange
+  uint64_t max_shared_bytes = 0;          // VkPhysicalDeviceLimits::maxComputeSharedMemorySize
 };
 
 // The physical devices the loader reports (empty when there is no loader, no driver or no

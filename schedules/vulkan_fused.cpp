@@ -1,0 +1,113 @@
+// vulkan_fused: the whole forward of a tile in one kernel (the design). One workgroup per
+// (group of `rows` rows, tile); inside it a serial loop over the block's chunks of `chunk`
+// positions. Per chunk: the query rows, the K chunk and the V chunk are gathered into shared
+// memory once and every row of the group reads them from there; the scores, their row max and
+// sum and the softmax weights live in shared memory, each reduction accumulated in its thread's
+// registers; each thread then folds its (d, row) entries of P.V into the online-softmax state
+// (o, m, l), which stays in shared memory across the chunk loop (a register state there is sized
+// to the whole tile by Halide 21, README limit 4). Masking uses the finite kMaskedScore; the
+// combine and the host turn all-masked rows into SPEC's -inf.
+// Knobs: chunk (positions per chunk), rows (rows per workgroup, at most 32). Shared memory per
+// workgroup is about 4 x (4 rows D + 2 chunk D) bytes: 24 KiB at D 128, chunk 8, rows 8 (the JIT
+// default; lavapipe allows 32 KiB), 40 KiB at chunk 8, rows 16 (the GPU shapes' AOT default; the
+// H200 allows 48 KiB).
+// Measured (H200, AOT host-vulkan, median of 3, README "Vulkan"; chunk 8, rows 16):
+//   gpu-decode  29.6 ms = 0.76 % of HBM bandwidth (target 60 %: not met);
+//   gpu-prefill 2908 ms = 1.1 % of FP32 peak (target 20 %, <= 155 ms: not met).
+// The time follows the number of (workgroup x chunk) steps, not bytes or FLOPs: each step is
+// about ten barrier-separated phases, three waiting on dependent global gathers. On lavapipe (CI)
+// it is for correctness only.
+#include <algorithm>
+
+#include "schedules.h"
+
+namespace kvouter::pipeline {
+
+using namespace Halide;
+
+void vulkan_fused_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  if (!f.static_D || !f.static_rows || !f.static_C) {
+    throw CompileError("vulkan_fused: GPU schedules need D, block_size, page_size, qhead and T specialised");
+  }
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  // Rows per workgroup, at most 32: the stages run 32 x rows threads (a workgroup holds 1024).
+  const int R = std::max(1, std::min({k.rows, f.static_rows, 32}));
+  const int C = f.static_C;
+  const int TX = 32;  // threads along the innermost (D or positions) dimension
+  Var rg("rg"), ri("ri"), cho("cho"), chi("chi"), dO("dO"), di("di");
+
+  f.out.compute_root()
+      .split(f.row, rg, ri, R, guard)
+      .split(f.ch, cho, chi, TX, guard)
+      .reorder(cho, chi, ri, rg, f.tile)
+      .unroll(cho)
+      .gpu_blocks(rg, f.tile)
+      .gpu_threads(chi, ri);
+
+  // The online state across the chunk loop, in shared memory.
+  f.st.compute_at(f.out, rg).store_in(MemoryType::GPUShared)
+      .split(f.d, dO, di, TX, guard).reorder(dO, di, f.row).gpu_threads(di, f.row).unroll(dO);
+  Var uo("uo"), ui("ui");
+  f.st.update()
+      .split(f.d, uo, ui, TX, guard)
+      .reorder(uo, ui, f.row, f.rc.x)
+      .unroll(uo)
+      .gpu_threads(ui, f.row);
+  LoopLevel chunk_loop(f.st, f.rc.x);
+
+  // The group's query rows, staged once per chunk. Once per workgroup would be less traffic, but
+  // Halide 21 packs the block's shared allocations by their order in the kernel without the chunk
+  // loop's back edge: staged before the loop, the rows shared their space with the softmax
+  // weights, which overwrote them in the first chunk (measured: wrong results whenever a block
+  // had more than one chunk). Stored rows-innermost: the score threads of one warp read up to
+  // 32 / chunk different rows at one d, which then sit in different banks.
+  f.qf.compute_at(chunk_loop).store_in(MemoryType::GPUShared).reorder_storage(f.row, f.d)
+      .split(f.d, dO, di, TX, guard).reorder(dO, di, f.row).gpu_threads(di, f.row).unroll(dO);
+  // The chunk's K and V, gathered from the pages once per workgroup (threads along d: coalesced
+  // reads of each page's rows). K is stored positions-innermost, so the score threads, which run
+  // along positions, read it without bank conflicts; V stays d-innermost for the P.V threads,
+  // which run along d.
+  const int PY = std::min(C, TX);  // positions per thread row; wider chunks loop in the thread
+  for (Func* kv : {&f.kf, &f.vf}) {
+    Var po("po"), pi("pi");
+    kv->compute_at(chunk_loop).store_in(MemoryType::GPUShared)
+        .split(f.d, dO, di, TX, guard).split(f.p, po, pi, PY, guard)
+        .reorder(dO, po, di, pi).gpu_threads(di, pi).unroll(dO).unroll(po);
+  }
+  f.kf.reorder_storage(f.p, f.d);
+  // Scores and softmax weights, one per thread, a warp covering 32 / chunk rows of a chunk when
+  // the chunk is narrower than a warp (so that no lane idles). Returns the innermost thread var.
+  auto pos_row_threads = [&](Func w) {
+    Var po("po"), pi("pi"), ry("ry"), rx("rx"), px("px");
+    if (C >= TX) {
+      w.split(f.p, po, pi, TX, guard).reorder(po, pi, f.row).gpu_threads(pi, f.row).unroll(po);
+      return pi;
+    }
+    w.split(f.row, ry, rx, TX / C, guard).fuse(f.p, rx, px).reorder(px, ry).gpu_threads(px, ry);
+    return px;
+  };
+  // Every reduction runs in its thread's registers (a wrapper stores the result): accumulated in
+  // shared memory, each step waited on the last one's store (measured on the H200: 47 ms for
+  // gpu-decode, 1000x its memory-bound time).
+  Func sw = f.s.in();
+  sw.compute_at(chunk_loop).store_in(MemoryType::GPUShared);
+  Var st_x = pos_row_threads(sw);
+  f.s.compute_at(sw, st_x).store_in(MemoryType::Register);
+  if (f.static_D % 4 == 0) {
+    RVar rdo("rdo"), rdi("rdi");
+    f.s.update().split(f.rd.x, rdo, rdi, 4).unroll(rdi);
+  }
+  for (Func* stat : {&f.cmax, &f.csum}) {
+    Func w = stat->in();
+    w.compute_at(chunk_loop).store_in(MemoryType::GPUShared).gpu_threads(f.row);
+    stat->compute_at(w, f.row).store_in(MemoryType::Register);
+    if (C <= 16) stat->update().unroll(f.rp.x);
+  }
+  f.pexp.compute_at(chunk_loop).store_in(MemoryType::GPUShared);
+  pos_row_threads(f.pexp);
+  // Each thread's P.V entries in its registers, folded into the state right away.
+  f.cpv.compute_at(f.st, ui).store_in(MemoryType::Register);
+  if (C <= 16) f.cpv.update().unroll(f.rp.x);
+}
+
+}  // namespace kvouter::pipeline
