@@ -36,7 +36,14 @@ class AotBackend final : public Backend {
       knobs.erase(it);
       const AotVariant* v = nullptr;
       for (const auto& x : aot_variants()) v = x.name == variant_ ? &x : v;
-      if (!v) throw BackendError("--param variant: no generated variant named '" + variant_ + "' (`kvouter run --backend aot` lists them with --help)");
+      if (!v) {
+        std::string have;
+        for (const auto& x : aot_variants()) {
+          if (x.schedule == schedule_ && x.target == target_) have += (have.empty() ? "" : ", ") + x.name;
+        }
+        throw BackendError("--param variant: no generated variant named '" + variant_ + "' (" + schedule_ + " for " +
+                           target_ + " has: " + (have.empty() ? "none" : have) + ")");
+      }
       if (v->schedule != schedule_ || v->target != target_) {
         throw BackendError("--param variant: '" + variant_ + "' is schedule '" + v->schedule + "' for target '" + v->target +
                            "', not '" + schedule_ + "' for '" + target_ + "'");

@@ -91,5 +91,23 @@ TEST(Aot, UnknownScheduleOrKnobIsAClearError) {
   EXPECT_THROW(BackendRegistry::instance().make({"aot", "cpu_tiled", {{"chunk", "32"}}, ""}), BackendError);
 }
 
+TEST(Aot, VariantByName) {
+  experiments::register_all_backends();
+  auto& reg = BackendRegistry::instance();
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Outputs ref = reference::dense_attention<double>(in, validate(in));
+  // The generic variant, by name, where the specialised one would otherwise be chosen.
+  auto generic = reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_cpu_tiled_generic"}}, ""});
+  const Plan plan = make_plan(in, generic->plan_options());
+  EXPECT_EQ(halide::aot_fitting("cpu_tiled", "host", plan).front(), "kvouter_cpu_tiled_d128_p16_b32_q2_t16");
+  EXPECT_TRUE(experiments::compare_outputs(generic->run(plan, in), ref).ok());
+  EXPECT_EQ(generic->params().at("variant"), "kvouter_cpu_tiled_generic");
+  // Unknown, another schedule's, or not fitting the plan: clear errors.
+  EXPECT_THROW(reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_nonexistent"}}, ""}), BackendError);
+  EXPECT_THROW(reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_cpu_simple_generic"}}, ""}), BackendError);
+  auto decode = reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_cpu_tiled_d128_p16_b64_q8_t1"}}, ""});
+  EXPECT_THROW(decode->run(make_plan(in, decode->plan_options()), in), BackendError);
+}
+
 }  // namespace
 }  // namespace kvouter
