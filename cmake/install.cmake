@@ -6,7 +6,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/kvouter ${PROJECT_SOURCE
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 find_file(KVOUTER_HALIDE_RUNTIME_H HalideRuntime.h PATHS ${Halide_DIR}/../../../include NO_DEFAULT_PATH REQUIRED)
 get_filename_component(_halide_inc ${KVOUTER_HALIDE_RUNTIME_H} DIRECTORY)
-foreach(h HalideBuffer.h HalideRuntime.h HalideRuntimeVulkan.h)
+foreach(h HalideBuffer.h HalideRuntime.h HalideRuntimeVulkan.h HalideRuntimeCuda.h)
   install(FILES ${_halide_inc}/${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvouter/halide)
 endforeach()
 

@@ -4,7 +4,8 @@
 // loader (README "GPU results"), it needs only libc there.
 //
 //   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_fused,vulkan_tiled,...]
-//                     [--all-variants] [--reps 5] [--json FILE] [--case-dir DIR] [--no-check]
+//                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
+//                     [--case-dir DIR] [--no-check]
 //
 // Each schedule runs its default variant for the shape (the first generated); --all-variants runs
 // every generated variant that fits (the knob points of generators/CMakeLists.txt).
@@ -29,6 +30,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
 #include "kvouter/case_io.h"
+#include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/plan.h"
 #include "kvouter/vulkan_probe.h"
@@ -140,6 +142,7 @@ json errors_json(const Outputs& got, const Outputs& ref) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_fused", "vulkan_tiled", "vulkan_rows"};
+  std::vector<std::string> targets = {"host-vulkan"};
   int reps = 5;
   bool check = true, all_variants = false;
   std::string json_path, case_dir;
@@ -156,16 +159,28 @@ int run(int argc, char** argv) {
     else if (a == "--case-dir") case_dir = next();
     else if (a == "--no-check") check = false;
     else if (a == "--all-variants") all_variants = true;
-    else throw InputError("argument", "--shapes/--schedules/--all-variants/--reps/--json/--case-dir/--no-check", a);
+    else if (a == "--targets") targets = split(next());
+    else throw InputError("argument", "--shapes/--schedules/--targets/--all-variants/--reps/--json/--case-dir/--no-check", a);
   }
   halide::register_generated_aot_kernels();
-  std::string why;
-  const auto devices = vulkan_devices(&why);
-  if (devices.empty()) throw BackendError("vulkan: " + why);
+  std::string device_name;
+  for (const auto& target : targets) {
+    if (target.find("vulkan") != std::string::npos) {
+      std::string why;
+      const auto devices = vulkan_devices(&why);
+      if (devices.empty()) throw BackendError("vulkan: " + why);
+      device_name = devices[0].name;
+    } else if (target.find("cuda") != std::string::npos) {
+      require_cuda_device();
+      if (device_name.empty()) device_name = "CUDA device";
+    } else {
+      throw InputError("--targets", "host-vulkan or host-cuda", target);
+    }
+  }
   json doc = {{"tool", "kvouter_gpu_bench"},
               {"git_rev", KVOUTER_GIT_REV},
-              {"halide", "21.0.0 (AOT, Vulkan)"},
-              {"device", devices[0].name},
+              {"halide", "21.0.0 (AOT)"},
+              {"device", device_name},
               {"peak_fp32_tflops", kFp32PeakTflops},
               {"hbm_tbps", kHbmTBps},
               {"reps", reps},
@@ -197,24 +212,27 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", shape.c_str(), std::thread::hardware_concurrency(), ms);
     }
     std::map<std::string, Outputs> outs;
-    // (schedule, variant or "" = its default, key): the key is the schedule for its default
-    // variant, the variant's name for the other knob points.
-    std::vector<std::tuple<std::string, std::string, std::string>> runs;
-    for (const auto& schedule : schedules) {
-      std::vector<std::string> fit;
-      if (all_variants) {
-        auto be = halide::make_aot_backend({"aot", schedule, {}, "host-vulkan"});
-        fit = halide::aot_fitting(schedule, "host-vulkan", make_plan(in, be->plan_options()));
+    // (target, schedule, variant or "" = its default, key): the key is the schedule (and target,
+    // where not Vulkan) for its default variant, the variant's name for the other knob points.
+    std::vector<std::tuple<std::string, std::string, std::string, std::string>> runs;
+    for (const auto& target : targets) {
+      for (const auto& schedule : schedules) {
+        std::vector<std::string> fit;
+        if (all_variants) {
+          auto be = halide::make_aot_backend({"aot", schedule, {}, target});
+          fit = halide::aot_fitting(schedule, target, make_plan(in, be->plan_options()));
+        }
+        if (fit.empty()) fit.push_back("");
+        const std::string name = target == "host-vulkan" ? schedule : schedule + "@" + target;
+        for (size_t i = 0; i < fit.size(); ++i) runs.emplace_back(target, schedule, fit[i], i == 0 ? name : fit[i]);
       }
-      if (fit.empty()) fit.push_back("");
-      for (size_t i = 0; i < fit.size(); ++i) runs.emplace_back(schedule, fit[i], i == 0 ? schedule : fit[i]);
     }
-    for (const auto& [schedule, variant, key] : runs) {
-      json r = {{"schedule", schedule}, {"backend", "aot"}, {"target", "host-vulkan"}};
+    for (const auto& [target, schedule, variant, key] : runs) {
+      json r = {{"schedule", schedule}, {"backend", "aot"}, {"target", target}};
       try {
         std::map<std::string, std::string> params;
         if (!variant.empty()) params["variant"] = variant;
-        auto be = halide::make_aot_backend({"aot", schedule, params, "host-vulkan"});
+        auto be = halide::make_aot_backend({"aot", schedule, params, target});
         const Plan plan = make_plan(in, be->plan_options());
         Timed t = time_backend(*be, plan, in, reps);
         const double ms = median(t.total), flops = plan.flops(), kv_bytes = plan.kv_unit_bytes();

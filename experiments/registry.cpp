@@ -9,6 +9,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
 #include "kvouter/jit.h"
+#include "kvouter/cuda_probe.h"
 #include "kvouter/vulkan_probe.h"
 #include "schedules.h"
 
@@ -62,8 +63,9 @@ void register_all_backends() {
          },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) || is_cuda_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
            if (is_vulkan_target(c.target)) require_vulkan_device();
+           if (is_cuda_target(c.target)) require_cuda_device();
            return halide::make_aot_backend(c);
          }});
 }
@@ -82,5 +84,6 @@ std::string default_target() {
 }
 
 bool is_vulkan_target(const std::string& target) { return target.find("vulkan") != std::string::npos; }
+bool is_cuda_target(const std::string& target) { return target.find("cuda") != std::string::npos; }
 
 }  // namespace kvouter::experiments

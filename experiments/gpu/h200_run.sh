@@ -16,6 +16,10 @@ export VK_ICD_FILENAMES=/tmp/nv_icd.json VK_DRIVER_FILES=/tmp/nv_icd.json XDG_RU
 unset HL_VK_DEVICE_TYPE
 [ -f /tmp/kvlib/libHalide.so ] || xz -dc .carry/lib/libHalide.so.xz > /tmp/kvlib/libHalide.so
 cp -n .carry/lib/*.so* /tmp/kvlib/ 2>/dev/null  # libgomp, yaml-cpp, the autoscheduler plugins
+# Halide's CUDA runtime (the host-cuda kernels) loads libcuda.so; the driver ships libcuda.so.1.
+for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
+  if [ -e "$d/libcuda.so.1" ]; then ln -sf "$d/libcuda.so.1" /tmp/kvlib/libcuda.so; break; fi
+done
 export LD_LIBRARY_PATH=/tmp/kvlib
 BIN=.carry/bin
 for step in "$@"; do

@@ -71,6 +71,9 @@ class AotBackend final : public Backend {
   PlanOptions plan_options() const override {
     PlanOptions o{tile_edges_of(knobs_)};
     if (target_.find("vulkan") != std::string::npos) o.max_batch_partial_floats = vulkan_max_buffer_floats();
+    // CUDA: no binding limit; batches keep every buffer below 2^31 bytes (2^29 floats), the most
+    // Halide allocates without its large_buffers feature.
+    if (target_.find("cuda") != std::string::npos) o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
     return o;
   }
   Outputs run(const Plan& plan, const Inputs& in) override {

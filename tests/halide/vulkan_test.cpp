@@ -10,6 +10,7 @@
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/aot.h"
+#include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
@@ -50,11 +51,12 @@ const char* twin_known_failure(const std::string& twin, const std::string& kind)
 }
 
 void check(const std::string& backend_name, const std::string& schedule, const Inputs& in, const std::string& what,
-           std::map<std::string, std::string> knobs = {}, int64_t batches = 1) {
+           std::map<std::string, std::string> knobs = {}, int64_t batches = 1,
+           const std::string& target = "host-vulkan") {
   experiments::register_all_backends();
-  auto backend = BackendRegistry::instance().make({backend_name, schedule, std::move(knobs), "host-vulkan"});
+  auto backend = BackendRegistry::instance().make({backend_name, schedule, std::move(knobs), target});
   PlanOptions opt = backend->plan_options();
-  EXPECT_GT(opt.max_batch_partial_floats, 0) << "Vulkan backends plan within the device's buffer limit";
+  EXPECT_GT(opt.max_batch_partial_floats, 0) << "GPU backends plan within the device's buffer limit";
   if (batches > 1) {
     // Force query batches: each batch's partials at most 1/batches of the whole.
     const Plan whole = make_plan(in, opt);
@@ -194,6 +196,40 @@ TEST(Vulkan, EveryAotVariantOfTheGpuShapes) {
     for (const auto& n : too_big) names += " " + n;
     GTEST_SKIP() << "these need more than this device's " << shared / 1024
                  << " KiB of shared memory per workgroup (they run on the H200, 48 KiB):" << names;
+  }
+}
+
+// The same AOT kernels on Halide's CUDA target (PTX), where a CUDA device exists: on the GPU
+// machine, not in CI (lavapipe is a Vulkan device only).
+TEST(Cuda, AotVariantsOfTheGpuShapes) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  experiments::register_all_backends();
+  for (const char* shape : {"gpu-prefill", "gpu-decode"}) {
+    experiments::CaseSpec s = experiments::named_shape(shape);
+    s.qo = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{40} : std::vector<int64_t>{1, 1};
+    s.kv = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{700} : std::vector<int64_t>{1300, 700};
+    const Inputs in = experiments::make_case(s);
+    for (const char* schedule : {"vulkan_fused", "vulkan_tiled"}) {
+      auto be = BackendRegistry::instance().make({"aot", schedule, {}, "host-cuda"});
+      const auto names = halide::aot_fitting(schedule, "host-cuda", make_plan(in, be->plan_options()));
+      EXPECT_FALSE(names.empty()) << schedule << " has a CUDA variant for " << shape;
+      for (const auto& variant : names) {
+        check("aot", schedule, in, std::string(shape) + "-like " + variant, {{"variant", variant}}, 1, "host-cuda");
+      }
+    }
+  }
+}
+
+TEST(Cuda, NoDeviceIsAClearError) {
+  std::string why;
+  if (cuda_device_count(&why) > 0) GTEST_SKIP() << "a CUDA device is present";
+  experiments::register_all_backends();
+  try {
+    BackendRegistry::instance().make({"aot", "vulkan_fused", {}, "host-cuda"});
+    FAIL() << "expected a BackendError";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable CUDA device"), std::string::npos) << e.what();
   }
 }
 
