@@ -153,7 +153,7 @@ class JitBackend final : public Backend {
         target_(resolve_target(cfg.target)) {
     const Halide::Target t = to_target(target_);
     if (t.has_gpu_feature() && !t.has_feature(Halide::Target::Vulkan)) {
-      throw BackendError("--target " + target_ + ": the only GPU API kvouter schedules is Vulkan (host-vulkan)");
+      throw BackendError("--target " + target_ + ": the jit backend schedules Vulkan only (host-vulkan); the GPU shapes' kernels for host-cuda are generated ahead of time (--backend aot)");
     }
     const bool vulkan_target = t.has_feature(Halide::Target::Vulkan);
     if ((device == "vulkan") != vulkan_target) {
