@@ -22,6 +22,35 @@ static void fill_uniform(std::vector<float>& v, uint64_t seed, float scale) {
   }
 }
 
+// The values fill_uniform gives the pages `pages` (sorted ids) of a pool of `page_floats`-float
+// pages, packed densely into dst: each touched chunk is generated as fill_uniform does, and only
+// the pages' parts are kept.
+static void fill_uniform_pages(std::vector<float>& dst, const std::vector<int32_t>& pages, int64_t page_floats,
+                               uint64_t seed, float scale) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<int64_t> chunks;
+  for (const int32_t pg : pages) {
+    for (int64_t c = pg * page_floats / kChunk; c <= ((pg + 1) * page_floats - 1) / kChunk; ++c) {
+      if (chunks.empty() || chunks.back() != c) chunks.push_back(c);
+    }
+  }
+#pragma omp parallel for schedule(dynamic, 4)
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const int64_t c = chunks[ci], g0 = c * kChunk, g1 = g0 + kChunk;
+    // The pages overlapping [g0, g1).
+    auto first = std::lower_bound(pages.begin(), pages.end(), static_cast<int32_t>(g0 / page_floats));
+    std::mt19937_64 g(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(c));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    int64_t at = g0;  // the next value the generator gives
+    for (auto it = first; it != pages.end() && int64_t{*it} * page_floats < g1; ++it) {
+      const int64_t p0 = std::max(g0, int64_t{*it} * page_floats), p1 = std::min(g1, (int64_t{*it} + 1) * page_floats);
+      for (; at < p0; ++at) (void)u(g);
+      float* out = dst.data() + static_cast<size_t>((it - pages.begin()) * page_floats + (p0 - int64_t{*it} * page_floats));
+      for (; at < p1; ++at) *out++ = u(g) * scale;
+    }
+  }
+}
+
 Inputs make_case(const CaseSpec& s) {
   std::mt19937_64 rng(s.seed);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
@@ -55,10 +84,6 @@ Inputs make_case(const CaseSpec& s) {
       in.block_tables.data[b * max_pages + lp] = page;
     }
   }
-  in.k_pages = Tensor<float>({num_pages, s.Hkv, s.page_size, s.D});
-  in.v_pages = Tensor<float>({num_pages, s.Hkv, s.page_size, s.D});
-  fill_uniform(in.k_pages.data, s.seed * 3 + 1, 1.f);
-  fill_uniform(in.v_pages.data, s.seed * 3 + 2, 1.f);
   in.q = Tensor<float>({Tq, s.Hq, s.D});
   fill_uniform(in.q.data, s.seed * 3 + 3, s.q_scale);
   if (s.with_used_kv_lens) {
@@ -97,6 +122,50 @@ Inputs make_case(const CaseSpec& s) {
       }
     }
   }
+
+  // K/V last: their values come from their own seeds, so the rest is the same either way.
+  const int64_t page_floats = s.Hkv * s.page_size * s.D;
+  if (!s.reachable_pages_only) {
+    in.k_pages = Tensor<float>({num_pages, s.Hkv, s.page_size, s.D});
+    in.v_pages = Tensor<float>({num_pages, s.Hkv, s.page_size, s.D});
+    fill_uniform(in.k_pages.data, s.seed * 3 + 1, 1.f);
+    fill_uniform(in.v_pages.data, s.seed * 3 + 2, 1.f);
+    return in;
+  }
+  std::vector<uint8_t> keep_block(static_cast<size_t>(B * msb), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = in.cu_seqlens_q.data[b]; t < in.cu_seqlens_q.data[b + 1]; ++t) {
+      for (int64_t i = 0; i < s.Hkv * s.topk; ++i) {
+        const int32_t blk = in.selected.data[static_cast<size_t>(t * s.Hkv * s.topk + i)];
+        if (blk >= 0 && blk < msb) keep_block[static_cast<size_t>(b * msb + blk)] = 1;
+      }
+    }
+  }
+  std::vector<int32_t> remap(static_cast<size_t>(num_pages), -1), kept;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t lp = 0; lp < max_pages; ++lp) {
+      int32_t& pg = in.block_tables.data[static_cast<size_t>(b * max_pages + lp)];
+      if (pg < 0) continue;
+      if (lp / ppb >= msb || !keep_block[static_cast<size_t>(b * msb + lp / ppb)]) {
+        pg = -1;
+        continue;
+      }
+      if (remap[static_cast<size_t>(pg)] < 0) {
+        remap[static_cast<size_t>(pg)] = 0;
+        kept.push_back(pg);
+      }
+    }
+  }
+  std::sort(kept.begin(), kept.end());  // keeps the pool's shuffled placement
+  for (size_t i = 0; i < kept.size(); ++i) remap[static_cast<size_t>(kept[i])] = static_cast<int32_t>(i);
+  for (int32_t& pg : in.block_tables.data) {
+    if (pg >= 0) pg = remap[static_cast<size_t>(pg)];
+  }
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(kept.size()));
+  in.k_pages = Tensor<float>({n, s.Hkv, s.page_size, s.D});
+  in.v_pages = Tensor<float>({n, s.Hkv, s.page_size, s.D});
+  fill_uniform_pages(in.k_pages.data, kept, page_floats, s.seed * 3 + 1, 1.f);
+  fill_uniform_pages(in.v_pages.data, kept, page_floats, s.seed * 3 + 2, 1.f);
   return in;
 }
 

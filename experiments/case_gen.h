@@ -25,6 +25,11 @@ struct CaseSpec {
   std::optional<float> scale;
   float q_scale = 1.f;               // multiplies q (large logits)
   uint64_t seed = 1;
+  // Only the pages some selection reaches are kept (renumbered densely in pool order, the others
+  // -1 in block_tables), each with the values the full pool gives it: the same problem by SPEC §2
+  // (an unselected block is never read), without allocating the whole pool (gpu-decode's is
+  // 2 x 17 GB, of which the selections reach 2 x 1.9 GB).
+  bool reachable_pages_only = false;
 };
 
 Inputs make_case(const CaseSpec& spec);

@@ -73,5 +73,54 @@ TEST(Reference, OracleMatchesHandComputedSoftmax) {
   EXPECT_NEAR(o.lse.data[0], std::log(w0 + w1), 1e-6);
 }
 
+// The benchmark's compact cases (CaseSpec::reachable_pages_only): every kept page holds exactly
+// the full pool's values for its original page, every dropped page is in a block no query of its
+// sequence selected, and the outputs are the same problem's.
+TEST(CaseGen, ReachablePagesOnlyIsTheSameProblem) {
+  for (int kind = 0; kind < 3; ++kind) {
+    experiments::CaseSpec s = experiments::named_shape("tiny");
+    if (kind == 1) s = testing::case_kinds()[0].second;  // the first case kind: random selections
+    if (kind == 2) {  // a pool of several generator chunks, pages straddling their boundaries
+      s.D = 72;
+      s.qo = {1, 1, 1};
+      s.kv = {3000, 900, 2000};
+      s.page_size = 8;
+      s.block_size = 32;
+    }
+    const Inputs full = experiments::make_case(s);
+    s.reachable_pages_only = true;
+    const Inputs part = experiments::make_case(s);
+    ASSERT_EQ(full.block_tables.shape, part.block_tables.shape);
+    EXPECT_EQ(full.selected.data, part.selected.data);
+    EXPECT_EQ(full.q.data, part.q.data);
+    EXPECT_LE(part.k_pages.shape[0], full.k_pages.shape[0]);
+    const int64_t pf = full.k_pages.numel() / full.k_pages.shape[0];
+    const int64_t B = full.block_tables.shape[0], cols = full.block_tables.shape[1], ppb = s.block_size / s.page_size;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int32_t was = full.block_tables.data[b * cols + c], now = part.block_tables.data[b * cols + c];
+        if (now >= 0) {
+          ASSERT_GE(was, 0);
+          for (int64_t i = 0; i < pf; ++i) {
+            ASSERT_EQ(part.k_pages.data[now * pf + i], full.k_pages.data[was * pf + i]) << "page " << was;
+            ASSERT_EQ(part.v_pages.data[now * pf + i], full.v_pages.data[was * pf + i]) << "page " << was;
+          }
+        } else if (was >= 0) {
+          for (int64_t t = full.cu_seqlens_q.data[b]; t < full.cu_seqlens_q.data[b + 1]; ++t) {
+            for (int64_t i = 0; i < s.Hkv * s.topk; ++i) {
+              EXPECT_NE(full.selected.data[t * s.Hkv * s.topk + i], c / ppb) << "dropped a selected block";
+            }
+          }
+        }
+      }
+    }
+    auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
+    const Outputs a = direct->run(make_plan(full, direct->plan_options()), full);
+    const Outputs b2 = direct->run(make_plan(part, direct->plan_options()), part);
+    EXPECT_EQ(a.out.data, b2.out.data);
+    EXPECT_EQ(a.lse.data, b2.lse.data);
+  }
+}
+
 }  // namespace
 }  // namespace kvouter
