@@ -226,8 +226,8 @@ int cmd_demo(const std::vector<std::string>& args) {
       const auto err = kx::compare_outputs(out, ref);
       all_ok &= err.ok();
       const std::string target = backend->target() == halide::resolve_target("host") ? "host"
-                                 : kx::is_vulkan_target(backend->target()) ? "host-vulkan"
-                                                                            : backend->target();
+                                 : is_vulkan_target(backend->target()) ? "host-vulkan"
+                                                                       : backend->target();
       std::printf("%-8s %-18s %-10s %12.3f %12.2f %10.3f %12.2e %s\n", backend->name().c_str(),
                   backend->schedule().c_str(), target.c_str(), ms, plan.flops() / (ms * 1e6),
                   plan.plan_ms, err.max_out_err, err.ok() ? "ok" : "FAIL");

@@ -83,7 +83,5 @@ std::string default_target() {
   return "host";
 }
 
-bool is_vulkan_target(const std::string& target) { return target.find("vulkan") != std::string::npos; }
-bool is_cuda_target(const std::string& target) { return target.find("cuda") != std::string::npos; }
 
 }  // namespace kvouter::experiments

@@ -11,8 +11,6 @@ void register_all_backends();
 const char* default_backend();
 const char* default_cpu_schedule();
 const char* default_vulkan_schedule();
-bool is_vulkan_target(const std::string& target);
-bool is_cuda_target(const std::string& target);  // host-cuda: the AOT GPU kernels on Halide's CUDA target
 // "host-vulkan" where a Vulkan GPU (not a CPU device such as lavapipe) is present, else "host".
 std::string default_target();
 

@@ -39,8 +39,9 @@ void vulkan_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_fused_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
-// GPU schedules need the shapes that size shared memory specialised; throws CompileError if not.
-void vulkan_require_static(const ForwardFuncs& f, const char* name);
+// GPU schedules need the shapes that size shared memory specialised, and with one_chunk the block
+// processed as one chunk; throws CompileError if not.
+void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk);
 // The Vulkan forward's GEMM stages, each with workgroups of group_rows rows of a tile
 // (vulkan_tiled.cpp).
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);

@@ -26,9 +26,7 @@ namespace kvouter::pipeline {
 using namespace Halide;
 
 void vulkan_fused_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
-  if (!f.static_D || !f.static_rows || !f.static_C) {
-    throw CompileError("vulkan_fused: GPU schedules need D, block_size, page_size, qhead and T specialised");
-  }
+  vulkan_require_static(f, "vulkan_fused", false);
   const TailStrategy guard = TailStrategy::GuardWithIf;
   // Rows per workgroup, at most 32: the stages run 32 x rows threads (a workgroup holds 1024).
   const int R = std::max(1, std::min({k.rows, f.static_rows, 32}));

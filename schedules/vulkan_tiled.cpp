@@ -26,12 +26,12 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-void vulkan_require_static(const ForwardFuncs& f, const char* name) {
+void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk) {
   if (!f.static_D || !f.static_rows || !f.static_C) {
     throw CompileError(std::string(name) + ": GPU schedules need D, block_size, page_size, qhead and T "
                        "specialised (register tiles and workgroup sizes must be static)");
   }
-  if (f.static_NC != 1) {
+  if (one_chunk && f.static_NC != 1) {
     throw CompileError(std::string(name) + ": the block must be one chunk (--param chunk >= block_size)");
   }
 }
@@ -121,7 +121,7 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
 }
 
 void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
-  vulkan_require_static(f, "vulkan_tiled");
+  vulkan_require_static(f, "vulkan_tiled", true);
   vulkan_gemm_forward(f, k, f.static_rows);
 }
 

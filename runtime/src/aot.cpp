@@ -70,10 +70,10 @@ class AotBackend final : public Backend {
   }
   PlanOptions plan_options() const override {
     PlanOptions o{tile_edges_of(knobs_)};
-    if (target_.find("vulkan") != std::string::npos) o.max_batch_partial_floats = vulkan_max_buffer_floats();
+    if (is_vulkan_target(target_)) o.max_batch_partial_floats = vulkan_max_buffer_floats();
     // CUDA: no binding limit; batches keep every buffer below 2^31 bytes (2^29 floats), the most
     // Halide allocates without its large_buffers feature.
-    if (target_.find("cuda") != std::string::npos) o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
+    if (is_cuda_target(target_)) o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
     return o;
   }
   Outputs run(const Plan& plan, const Inputs& in) override {
@@ -103,23 +103,11 @@ void set_aot_error_source(std::string (*source)()) { error_source = source; }
 
 const std::vector<AotVariant>& aot_variants() { return variants(); }
 
-const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan,
-                             const std::string& name) {
-  const Specialization need = Specialization::of(plan);
-  const AotVariant* best = nullptr;
-  for (const auto& v : variants()) {
-    if (v.schedule != schedule || v.target != target || !spec_matches(v.spec, need)) continue;
-    if (!name.empty() && v.name != name) continue;
-    if (!best || specificity(v.spec) > specificity(best->spec)) best = &v;
-  }
-  if (!best) {
-    throw BackendError("aot: no generated variant of '" + schedule + "' for target '" + target + "'" +
-                       (name.empty() ? "" : " named '" + name + "'") + " fits " + need.str());
-  }
-  return *best;
-}
+namespace {
 
-std::vector<std::string> aot_fitting(const std::string& schedule, const std::string& target, const Plan& plan) {
+// The variants of (schedule, target) that fit the plan, the most specific first (in generation
+// order among equals).
+std::vector<const AotVariant*> fitting(const std::string& schedule, const std::string& target, const Plan& plan) {
   const Specialization need = Specialization::of(plan);
   std::vector<const AotVariant*> fit;
   for (const auto& v : variants()) {
@@ -127,8 +115,23 @@ std::vector<std::string> aot_fitting(const std::string& schedule, const std::str
   }
   std::stable_sort(fit.begin(), fit.end(),
                    [](const AotVariant* a, const AotVariant* b) { return specificity(a->spec) > specificity(b->spec); });
+  return fit;
+}
+
+}  // namespace
+
+const AotVariant& aot_select(const std::string& schedule, const std::string& target, const Plan& plan,
+                             const std::string& name) {
+  for (const AotVariant* v : fitting(schedule, target, plan)) {
+    if (name.empty() || v->name == name) return *v;
+  }
+  throw BackendError("aot: no generated variant of '" + schedule + "' for target '" + target + "'" +
+                     (name.empty() ? "" : " named '" + name + "'") + " fits " + Specialization::of(plan).str());
+}
+
+std::vector<std::string> aot_fitting(const std::string& schedule, const std::string& target, const Plan& plan) {
   std::vector<std::string> names;
-  for (const auto* v : fit) names.push_back(v->name);
+  for (const AotVariant* v : fitting(schedule, target, plan)) names.push_back(v->name);
   return names;
 }
 

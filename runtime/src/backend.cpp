@@ -76,6 +76,9 @@ const BackendInfo* BackendRegistry::find(const std::string& name) const {
   return nullptr;
 }
 
+bool is_vulkan_target(const std::string& target) { return target.find("vulkan") != std::string::npos; }
+bool is_cuda_target(const std::string& target) { return target.find("cuda") != std::string::npos; }
+
 std::unique_ptr<Backend> BackendRegistry::make(const BackendConfig& cfg) const {
   const BackendInfo* info = find(cfg.backend);
   if (!info) {

@@ -26,7 +26,7 @@ Halide::Target to_target(const std::string& target) {
   if (target.empty() || target == "host") return Halide::get_host_target();
   // Parsing "host-vulkan" makes Halide query the Vulkan device (for vk_v13 and the like), and
   // Halide's runtime aborts the process when there is none: look for one first.
-  if (target.find("vulkan") != std::string::npos) require_vulkan_device();
+  if (is_vulkan_target(target)) require_vulkan_device();
   if (!Halide::Target::validate_target_string(target)) {
     throw BackendError("--target: '" + target + "' is not a Halide target string");
   }

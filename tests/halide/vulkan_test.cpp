@@ -163,6 +163,21 @@ TEST(Vulkan, AotVariantsOnTheirShape) {
   for (const auto& schedule : vulkan_schedules()) check("aot", schedule, in, "prefill-like");
 }
 
+// A small case of a GPU shape's specialisation (D 128, page 64, block 128, qhead 16; the planner
+// gives gpu-prefill T 16 and gpu-decode T 1), so that its AOT variants fit.
+Inputs gpu_shape_like(const std::string& shape) {
+  experiments::CaseSpec s = experiments::named_shape(shape);
+  s.qo = shape == "gpu-prefill" ? std::vector<int64_t>{40} : std::vector<int64_t>{1, 1};
+  s.kv = shape == "gpu-prefill" ? std::vector<int64_t>{700} : std::vector<int64_t>{1300, 700};
+  return experiments::make_case(s);
+}
+
+// The generated variants of (schedule, target) that fit the case, by name.
+std::vector<std::string> fitting_variants(const std::string& schedule, const std::string& target, const Inputs& in) {
+  auto be = BackendRegistry::instance().make({"aot", schedule, {}, target});
+  return halide::aot_fitting(schedule, target, make_plan(in, be->plan_options()));
+}
+
 // The kernels measured on the H200, on small cases of their specialisation (D 128, page 64,
 // block 128, qhead 16; T 16 for gpu-prefill, T 1 for gpu-decode): every generated knob point
 // (kvouter_gpu_bench --all-variants measures them there), each by name. A variant whose workgroup
@@ -174,13 +189,9 @@ TEST(Vulkan, EveryAotVariantOfTheGpuShapes) {
   const uint64_t shared = vulkan_devices().front().max_shared_bytes;
   std::vector<std::string> too_big;
   for (const char* shape : {"gpu-prefill", "gpu-decode"}) {
-    experiments::CaseSpec s = experiments::named_shape(shape);
-    s.qo = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{40} : std::vector<int64_t>{1, 1};
-    s.kv = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{700} : std::vector<int64_t>{1300, 700};
-    const Inputs in = experiments::make_case(s);
+    const Inputs in = gpu_shape_like(shape);
     for (const auto& schedule : vulkan_schedules()) {
-      auto be = BackendRegistry::instance().make({"aot", schedule, {}, "host-vulkan"});
-      for (const auto& variant : halide::aot_fitting(schedule, "host-vulkan", make_plan(in, be->plan_options()))) {
+      for (const auto& variant : fitting_variants(schedule, "host-vulkan", in)) {
         try {
           check("aot", schedule, in, std::string(shape) + "-like " + variant, {{"variant", variant}});
         } catch (const BackendError& e) {
@@ -206,13 +217,9 @@ TEST(Cuda, AotVariantsOfTheGpuShapes) {
   if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
   experiments::register_all_backends();
   for (const char* shape : {"gpu-prefill", "gpu-decode"}) {
-    experiments::CaseSpec s = experiments::named_shape(shape);
-    s.qo = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{40} : std::vector<int64_t>{1, 1};
-    s.kv = std::string(shape) == "gpu-prefill" ? std::vector<int64_t>{700} : std::vector<int64_t>{1300, 700};
-    const Inputs in = experiments::make_case(s);
+    const Inputs in = gpu_shape_like(shape);
     for (const char* schedule : {"vulkan_fused", "vulkan_tiled"}) {
-      auto be = BackendRegistry::instance().make({"aot", schedule, {}, "host-cuda"});
-      const auto names = halide::aot_fitting(schedule, "host-cuda", make_plan(in, be->plan_options()));
+      const auto names = fitting_variants(schedule, "host-cuda", in);
       EXPECT_FALSE(names.empty()) << schedule << " has a CUDA variant for " << shape;
       for (const auto& variant : names) {
         check("aot", schedule, in, std::string(shape) + "-like " + variant, {{"variant", variant}}, 1, "host-cuda");

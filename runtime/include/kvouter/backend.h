@@ -44,6 +44,11 @@ struct BackendConfig {
   std::string target;                          // Halide target string; empty = default
 };
 
+// Which GPU API a target string (as given or resolved, e.g. "host-vulkan", "x86-64-linux-cuda")
+// names.
+bool is_vulkan_target(const std::string& target);
+bool is_cuda_target(const std::string& target);
+
 class Backend {
  public:
   virtual ~Backend() = default;
