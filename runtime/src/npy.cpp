@@ -86,12 +86,7 @@ class HeaderParser {
       } else {
         fail("unexpected key '" + key + "'");
       }
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-      } else if (peek() != '}') {
-        fail("expected ',' or '}'");
-      }
+      item_separator('}');
     }
     ++pos_;
     skip_space();
@@ -110,6 +105,15 @@ class HeaderParser {
     while (pos_ < s_.size() &&
            (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
       ++pos_;
+  }
+  // After a dict or tuple item: a ',' (consumed) or the closing `close` (left for the caller).
+  void item_separator(char close) {
+    skip_space();
+    if (peek() == ',') {
+      ++pos_;
+    } else if (peek() != close) {
+      fail(std::string("expected ',' or '") + close + "'");
+    }
   }
   void expect(char c) {
     if (peek() != c) fail(std::string("expected '") + c + "'");
@@ -149,12 +153,7 @@ class HeaderParser {
         ++pos_;
       }
       v.push_back(e);
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-      } else if (peek() != ')') {
-        fail("expected ',' or ')'");
-      }
+      item_separator(')');
     }
     ++pos_;
     return v;
