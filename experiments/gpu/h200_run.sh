@@ -31,7 +31,12 @@ for step in "$@"; do
       # No validation layer there (not installed); the same tests run under it on lavapipe in CI.
       timeout 300 $BIN/vulkan_test --gtest_brief=1 2>&1 | grep -v "^Vulkan: Configuring" | tee "$OUT/gpu_tests.log" | tail -25 ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null ;;
+      # The SM clock, sampled while the benchmark runs (the driver keeps a Vulkan-only load at
+      # its idle clock until the GPU has been busy a while; the benchmark warms up for that).
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv -lms 200 \
+        > "$OUT/${BENCH_JSON:-gpu_bench.json}.clocks.csv" 2>&1 & smi=$!
+      timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null
+      kill $smi ;;
     torch)
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-420} python3 experiments/torch_compare.py /tmp/cases --json "$OUT/torch_compare.json" ${TORCH_ARGS:-} ;;
     sweep)

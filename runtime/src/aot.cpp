@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/vulkan_probe.h"
 
@@ -82,7 +83,7 @@ class AotBackend final : public Backend {
     Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
     timing_.compile_ms = 0;
     try {
-      return run_kernels(k, plan, in, &timing_);
+      return run_kernels(k, plan, in, &timing_, kernel_timing_);
     } catch (const BackendError& e) {
       throw BackendError(std::string(e.what()) + (error_source ? ": " + error_source() : std::string()));
     }
@@ -135,6 +136,13 @@ std::vector<std::string> aot_fitting(const std::string& schedule, const std::str
   return names;
 }
 
-std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg) { return std::make_unique<AotBackend>(cfg); }
+std::unique_ptr<Backend> make_aot_backend(const BackendConfig& cfg) {
+  // Here rather than in a registry, so that every way of making the backend gets them: the
+  // device checks, and with the Vulkan one the setting Halide 21's allocator needs (made
+  // directly without it, the GPU benchmark's AOT kernels wrote all-zero outputs on lavapipe).
+  if (is_vulkan_target(cfg.target)) require_vulkan_device();
+  if (is_cuda_target(cfg.target)) require_cuda_device();
+  return std::make_unique<AotBackend>(cfg);
+}
 
 }  // namespace kvouter::halide

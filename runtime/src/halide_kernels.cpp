@@ -2,7 +2,9 @@
 
 #include <HalideBuffer.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -43,6 +45,50 @@ void finish_lse(Tensor<float>& lse) {
 void check_rc(int rc, const char* stage, const Kernels& k) {
   if (rc != 0) {
     throw BackendError(std::string("halide: ") + stage + " of " + k.description + " failed with code " + std::to_string(rc));
+  }
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Per-repetition kernel times, summed over a plan's query batches (each batch runs every
+// repetition on its own buffers, so a repetition's time is its batches' sum).
+struct RepTimes {
+  std::vector<double> fwd, comb;
+  void into(RunTiming* t) const {
+    t->forward_all = fwd;
+    t->combine_all = comb;
+    t->forward_ms = median_of(fwd);
+    t->combine_ms = median_of(comb);
+  }
+};
+
+// Runs `fwd` then `comb` as `kt` asks: first (when `warm`) untimed for at least kt.warmup_ms,
+// then kt.reps times, timed. Each callable synchronises with its device before returning.
+void run_timed(const KernelTiming& kt, bool warm, RepTimes& rt, const std::function<void()>& fwd,
+               const std::function<void()>& comb) {
+  using clock = std::chrono::steady_clock;
+  if (warm && kt.warmup_ms > 0) {
+    const auto w0 = clock::now();
+    do {
+      fwd();
+      comb();
+    } while (ms_between(w0, clock::now()) < kt.warmup_ms);
+  }
+  rt.fwd.resize(static_cast<size_t>(std::max(kt.reps, 1)), 0.0);
+  rt.comb.resize(rt.fwd.size(), 0.0);
+  for (size_t r = 0; r < rt.fwd.size(); ++r) {
+    const auto t0 = clock::now();
+    fwd();
+    const auto t1 = clock::now();
+    comb();
+    const auto t2 = clock::now();
+    rt.fwd[r] += ms_between(t0, t1);
+    rt.comb[r] += ms_between(t1, t2);
   }
 }
 
@@ -108,14 +154,16 @@ CompactPages compact_pages(const Inputs& in, const TileSet& ts) {
   return c;
 }
 
-Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
+Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
+                      const KernelTiming& kt) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const halide_device_interface_t* dev = kernels.device;
   const int64_t C = p.D + layout::kPartialExtra;
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   using clock = std::chrono::steady_clock;
-  double fwd = 0, comb = 0, xfer = 0;
+  double xfer = 0;
+  RepTimes rt;
   auto t = clock::now();
   auto lap = [&t](double& into) {
     const auto now = clock::now();
@@ -160,20 +208,23 @@ Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in
     auto lse = device_array<float>(nullptr, {t1 - t0, p.Hq}, 0, dev);
     check_rc(q.device_sync(), "uploads (sync)", kernels);
     lap(xfer);
-    if (any) {
-      check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
-      check_rc(part.device_sync(), "forward (sync)", kernels);
-    }
-    lap(fwd);
-    check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
-    check_rc(out.device_sync(), "combine (sync)", kernels);
-    lap(comb);
+    run_timed(
+        kt, b == 0, rt,
+        [&] {
+          if (!any) return;
+          check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+          check_rc(part.device_sync(), "forward (sync)", kernels);
+        },
+        [&] {
+          check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
+          check_rc(out.device_sync(), "combine (sync)", kernels);
+        });
+    t = clock::now();
     download(out, res.out.ptr() + t0 * p.Hq * p.D, (t1 - t0) * p.Hq * p.D, kernels);
     download(lse, res.lse.ptr() + t0 * p.Hq, (t1 - t0) * p.Hq, kernels);
     lap(xfer);
   }
-  timing->forward_ms = fwd;
-  timing->combine_ms = comb;
+  rt.into(timing);
   timing->transfer_ms = xfer;
   finish_lse(res.lse);
   return res;
@@ -242,10 +293,11 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
 
 int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return std::stol(knobs.at("T")); }
 
-Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing) {
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
+                    const KernelTiming& kt) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
-  timing->forward_ms = timing->combine_ms = timing->transfer_ms = 0;
+  *timing = RunTiming{0, 0, timing->compile_ms, 0, {}, {}};
   if (p.Tq == 0) return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   const int64_t row_floats = p.qhead * (p.D + layout::kPartialExtra);
   int64_t batch_partials = std::max<int64_t>(ts.num_partials(), 1) * row_floats;
@@ -260,7 +312,7 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
                        " floats, beyond Halide's int32 buffer indexing; plan with query batches "
                        "(PlanOptions::max_batch_partial_floats) or run fewer queries per call");
   }
-  if (kernels.device) return run_on_device(kernels, plan, in, timing);
+  if (kernels.device) return run_on_device(kernels, plan, in, timing, kt);
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
 
   const int64_t C = p.D + layout::kPartialExtra;
@@ -272,27 +324,29 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
     for (int64_t l = 0; l < p.qhead; ++l) partials.data[l * C + p.D] = layout::kMaskedScore;
   }
 
-  const auto t0 = std::chrono::steady_clock::now();
-  if (ts.num_tiles > 0) {
-    auto q = wrap(in.q.ptr(), in.q.shape);
-    auto k = wrap(in.k_pages.ptr(), in.k_pages.shape);
-    auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
-    auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
-    auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
-    auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
-    auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
-    auto part = wrap(partials.ptr(), partials.shape);
-    check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  auto part = wrap(partials.ptr(), partials.shape);
   auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
   auto out = wrap(res.out.ptr(), res.out.shape);
   auto lse = wrap(res.lse.ptr(), res.lse.shape);
-  check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
-  const auto t2 = std::chrono::steady_clock::now();
-  timing->forward_ms = ms_between(t0, t1);
-  timing->combine_ms = ms_between(t1, t2);
+  RepTimes rt;
+  run_timed(
+      kt, true, rt,
+      [&] {
+        if (ts.num_tiles == 0) return;
+        auto q = wrap(in.q.ptr(), in.q.shape);
+        auto k = wrap(in.k_pages.ptr(), in.k_pages.shape);
+        auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
+        auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
+        auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
+        auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
+        auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
+        auto part = wrap(partials.ptr(), partials.shape);
+        check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
+      },
+      [&] {
+        auto part = wrap(partials.ptr(), partials.shape);
+        check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
+      });
+  rt.into(timing);
   finish_lse(res.lse);
   return res;
 }

@@ -180,7 +180,7 @@ class JitBackend final : public Backend {
     const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     timing_.compile_ms = waited > 1.0 ? ck->compile_ms : 0.0;
     try {
-      return run_kernels(ck->kernels, plan, in, &timing_);
+      return run_kernels(ck->kernels, plan, in, &timing_, kernel_timing_);
     } catch (const Halide::Error& e) {
       throw BackendError("jit: running " + ck->kernels.description + " failed: " + e.what());
     }

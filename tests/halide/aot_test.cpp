@@ -4,6 +4,9 @@
 // selection, and agreement with the JIT.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "case_kinds.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
@@ -107,6 +110,30 @@ TEST(Aot, VariantByName) {
   EXPECT_THROW(reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_cpu_simple_generic"}}, ""}), BackendError);
   auto decode = reg.make({"aot", "cpu_tiled", {{"variant", "kvouter_cpu_tiled_d128_p16_b64_q8_t1"}}, ""});
   EXPECT_THROW(decode->run(make_plan(in, decode->plan_options()), in), BackendError);
+}
+
+TEST(Aot, KernelTimingRepeatsTheKernelsOnTheSameBuffers) {
+  experiments::register_all_backends();
+  Inputs in = experiments::make_case(experiments::named_shape("tiny"));
+  const Outputs ref = reference::dense_attention<double>(in, validate(in));
+  auto be = BackendRegistry::instance().make({"aot", "cpu_tiled", {}, ""});
+  const Plan plan = make_plan(in, be->plan_options());
+  const Outputs once = be->run(plan, in);
+  ASSERT_EQ(be->last_timing().forward_all.size(), 1u);
+  be->set_kernel_timing({5, 20.0});
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outputs again = be->run(plan, in);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const RunTiming& t = be->last_timing();
+  ASSERT_EQ(t.forward_all.size(), 5u);
+  ASSERT_EQ(t.combine_all.size(), 5u);
+  EXPECT_GE(ms, 20.0) << "the warm-up runs the kernels for at least warmup_ms";
+  std::vector<double> f = t.forward_all;
+  std::sort(f.begin(), f.end());
+  EXPECT_EQ(t.forward_ms, f[2]) << "forward_ms is the median repetition";
+  EXPECT_TRUE(experiments::compare_outputs(again, ref).ok());
+  EXPECT_EQ(again.out.data, once.out.data) << "repeating the kernels on the same buffers changes nothing";
+  EXPECT_EQ(again.lse.data, once.lse.data);
 }
 
 }  // namespace

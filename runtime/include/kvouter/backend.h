@@ -28,12 +28,26 @@ struct Partials {
 // w_r = exp(m_r - max_r m_r). Empty rows give out = 0 and lse = -inf.
 Outputs combine_partials(const Plan& plan, const Partials& parts);
 
-// Wall times of the last run, split by phase (milliseconds).
+// Wall times of the last run, split by phase (milliseconds). With KernelTiming::reps > 1 the
+// kernels ran that many times on the same buffers: forward_ms and combine_ms are the medians and
+// the *_all vectors hold every repetition (one entry each for a plain run).
 struct RunTiming {
   double forward_ms = 0;
   double combine_ms = 0;
   double compile_ms = 0;   // JIT compile of the last run; never counted above
   double transfer_ms = 0;  // host <-> device copies of the last run (GPU targets); never counted above
+  std::vector<double> forward_all, combine_all;
+};
+
+// How the Halide backends time their kernels within one run: after the inputs are in place, the
+// forward and combine run back to back for at least warmup_ms (untimed), then `reps` times,
+// timed; the outputs are those of the last repetition. The warm-up matters on the lent H200: its
+// driver leaves a Vulkan-only load at the idle SM clock (345 MHz instead of 1980) unless the GPU
+// has been busy for a while (measured, README "Vulkan (GPU)"); repeating whole runs instead
+// re-uploads the inputs between kernels, long enough for the clock to drop again.
+struct KernelTiming {
+  int reps = 1;
+  double warmup_ms = 0;
 };
 
 // What a backend is asked to be: the CLI's --backend/--schedule/--param/--target.
@@ -61,9 +75,13 @@ class Backend {
   virtual PlanOptions plan_options() const { return {}; }
   virtual Outputs run(const Plan& plan, const Inputs& in) = 0;
   const RunTiming& last_timing() const { return timing_; }
+  // Kernel repetitions and warm-up within each run; backends without separate kernels (direct,
+  // dense) ignore it and report one repetition.
+  void set_kernel_timing(KernelTiming t) { kernel_timing_ = t; }
 
  protected:
   RunTiming timing_;
+  KernelTiming kernel_timing_;
 };
 
 struct BackendInfo {

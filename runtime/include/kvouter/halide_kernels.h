@@ -44,6 +44,9 @@ const std::vector<std::string>& knob_names();
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
 int64_t tile_edges_of(const std::map<std::string, std::string>& knobs);
 
-Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing);
+// Runs forward then combine over the plan (on the kernels' device where they have one), timed as
+// `kt` asks; fills `timing`.
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
+                    const KernelTiming& kt = {});
 
 }  // namespace kvouter::halide
