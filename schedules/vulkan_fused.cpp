@@ -11,12 +11,13 @@
 // workgroup is about 4 x (4 rows D + 2 chunk D) bytes: 24 KiB at D 128, chunk 8, rows 8 (the JIT
 // default; lavapipe allows 32 KiB), 40 KiB at chunk 8, rows 16 (the GPU shapes' AOT default; the
 // H200 allows 48 KiB).
-// Measured (H200, AOT host-vulkan, median of 3, README "Vulkan"; chunk 8, rows 16):
-//   gpu-decode  29.6 ms = 0.76 % of HBM bandwidth (target 60 %: not met);
-//   gpu-prefill 2908 ms = 1.1 % of FP32 peak (target 20 %, <= 155 ms: not met).
-// The time follows the number of (workgroup x chunk) steps, not bytes or FLOPs: each step is
-// about ten barrier-separated phases, three waiting on dependent global gathers. On lavapipe (CI)
-// it is for correctness only.
+// Measured (H200, AOT host-vulkan, warm clocks, kernel medians, README "Vulkan (GPU)"; chunk 8,
+// rows 16): gpu-decode 6.99 ms = 3.2 % of HBM bandwidth (target 60 %: not met); gpu-prefill
+// 1445 ms = 2.1 % of FP32 peak (target 20 %, <= 155 ms: not met). vulkan_tiled is faster on
+// prefill (966 ms) and the default. The same schedule on the CUDA target: 23.5 / 5982 ms. Every
+// chunk is about ten barrier-separated phases, three waiting on dependent global gathers; a
+// 5-phase variant (statistics per state thread) measured 5.5x slower on decode. On lavapipe
+// (CI) it is for correctness only.
 #include <algorithm>
 
 #include "schedules.h"

@@ -14,9 +14,10 @@
 // cover the block (the registry passes 256; a chunk smaller than the block is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
-// Measured (H200, AOT host-vulkan, README "Vulkan"): gpu-decode 33.9 ms = 0.7 % of HBM bandwidth
-// (target 60 %: not met; vulkan_fused 29.6 ms); gpu-prefill 4383 ms = 0.7 % of FP32 peak, measured
-// before the K staging (target 20 %: not met). On lavapipe (CI) it is for correctness only.
+// Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): host-vulkan
+// gpu-decode 7.34 ms = 3.0 % of HBM bandwidth (target 60 %: not met), gpu-prefill 966 ms = 3.2 %
+// of FP32 peak (target 20 %: not met); the same schedule on host-cuda 2.95 ms (7.6 % of HBM) and
+// 294 ms (10.5 %). The default Vulkan schedule. On lavapipe (CI) it is for correctness only.
 #include <algorithm>
 
 #include "kvouter/tile_layout.h"
