@@ -66,7 +66,7 @@ void main_help() {
   std::cout << "usage: kvouter <command> [args]\n\n"
                "commands:\n"
                "  run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME] [--param K=V]...\n"
-               "               [--target HALIDE_TARGET] [--repeat N]\n"
+               "               [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n"
                "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
                "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
@@ -85,11 +85,14 @@ void main_help() {
 
 void run_help() {
   std::cout << "usage: kvouter run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME]\n"
-               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N]\n\n"
+               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n\n"
                "Reads q, k_pages, v_pages, selected, block_tables, cu_seqlens_q[, used_kv_lens] (.npy)\n"
                "and case.json from CASE_DIR; writes out.npy and lse.npy into --out (default CASE_DIR).\n"
                "Prints one summary line. Bad input: one line on stderr, nothing written, exit 2.\n"
-               "--repeat N runs N times and reports the median (compile time is never counted).\n\n";
+               "--repeat N runs N times and reports the median (compile time is never counted).\n"
+               "--warmup-ms MS (Halide backends): before each timed run, the kernels run untimed for MS\n"
+               "on the uploaded inputs. GPU figures need it: the H200's driver keeps a Vulkan-only load\n"
+               "at its idle clock until the GPU has been busy a while (README \"Vulkan (GPU)\").\n\n";
   print_backends(std::cout);
 }
 
@@ -97,6 +100,7 @@ struct RunArgs {
   std::string case_dir, out_dir;
   BackendConfig cfg;
   int repeat = 1;
+  double warmup_ms = 0;
 };
 
 RunArgs parse_run(const std::vector<std::string>& a) {
@@ -112,6 +116,13 @@ RunArgs parse_run(const std::vector<std::string>& a) {
       const std::string v = value();
       try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
       if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+    } else if (a[i] == "--warmup-ms") {
+      const std::string v = value();
+      size_t used = 0;
+      try { r.warmup_ms = std::stod(v, &used); } catch (...) { used = 0; }
+      if (used != v.size() || !(r.warmup_ms >= 0 && r.warmup_ms <= 600000)) {
+        throw UsageError("--warmup-ms: expected milliseconds in [0, 600000], got '" + v + "'");
+      }
     } else if (!a[i].empty() && a[i][0] == '-') {
       throw UsageError("unknown option '" + a[i] + "' (see kvouter run --help)");
     } else if (r.case_dir.empty()) {
@@ -156,6 +167,7 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   auto backend = BackendRegistry::instance().make(ra.cfg);
   Plan plan = make_plan(in, backend->plan_options());
+  backend->set_kernel_timing({1, ra.warmup_ms});
   std::vector<double> times;
   Outputs out;
   double compile_ms = 0;

@@ -47,7 +47,7 @@ for step in "$@"; do
           sched=${cfg%%:*}; params=()
           IFS=, read -ra kv <<< "${cfg#*:}"; for p in "${kv[@]}"; do params+=(--param "$p"); done
           echo "$shape $cfg: $(timeout 120 $BIN/kvouter run /tmp/cases/$shape --out /tmp/sweep_out --backend jit \
-            --schedule "$sched" --target host-vulkan "${params[@]}" --repeat 3 2>&1 | tail -1)" | tee -a "$OUT/sweep.txt"
+            --schedule "$sched" --target host-vulkan "${params[@]}" --repeat 3 --warmup-ms ${SWEEP_WARMUP_MS:-2000} 2>&1 | tail -1)" | tee -a "$OUT/sweep.txt"
         done
       done ;;
   esac

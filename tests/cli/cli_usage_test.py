@@ -43,6 +43,12 @@ with tempfile.TemporaryDirectory() as tmp:
            "unknown backend exits 2 and writes nothing")
     r = run("run", case, "--out", out, "--param", "novalue")
     expect(r.returncode == 2 and "KEY=VALUE" in r.stderr, "malformed --param exits 2")
+    for bad in ("-1", "abc", "5x", "1e9"):
+        r = run("run", case, "--out", out, "--warmup-ms", bad)
+        expect(r.returncode == 2 and "--warmup-ms" in r.stderr and not os.path.exists(os.path.join(out, "out.npy")),
+               "--warmup-ms " + bad + " exits 2 and writes nothing")
+    r = run("run", case, "--out", out, "--backend", "jit", "--schedule", "cpu_tiled", "--warmup-ms", "300")
+    expect(r.returncode == 0 and "time_ms=" in r.stdout, "--warmup-ms runs")
     r = run("run", case, "--out", out)
     expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
     expect(os.path.exists(os.path.join(out, "out.npy")), "default run writes out.npy")
