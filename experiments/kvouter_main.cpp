@@ -78,8 +78,10 @@ void main_help() {
                "      run a grid of shapes x runs, checked and timed, one JSONL record per point\n"
                "  sweep-merge OUT.jsonl IN.jsonl...   join sweep shards\n"
                "  tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE] [--log FILE]\n"
-               "      autotune the JIT schedules against the Eigen oracle; resumable; winners go to the\n"
-               "      database that `run` reads for its default choice\n\n";
+               "       [--warmup-ms MS]\n"
+               "      autotune the JIT schedules against the Eigen oracle (the CPU ones for host, the\n"
+               "      Vulkan ones for host-vulkan, whose candidates warm up 2000 ms by default); resumable;\n"
+               "      winners go to the database that `run` reads for its default choice\n\n";
   print_backends(std::cout);
 }
 
@@ -103,6 +105,16 @@ struct RunArgs {
   double warmup_ms = 0;
 };
 
+double warmup_ms_value(const std::string& v) {
+  size_t used = 0;
+  double ms = -1;
+  try { ms = std::stod(v, &used); } catch (...) { used = 0; }
+  if (used != v.size() || !(ms >= 0 && ms <= 600000)) {
+    throw UsageError("--warmup-ms: expected milliseconds in [0, 600000], got '" + v + "'");
+  }
+  return ms;
+}
+
 RunArgs parse_run(const std::vector<std::string>& a) {
   RunArgs r;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -117,12 +129,7 @@ RunArgs parse_run(const std::vector<std::string>& a) {
       try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
       if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
     } else if (a[i] == "--warmup-ms") {
-      const std::string v = value();
-      size_t used = 0;
-      try { r.warmup_ms = std::stod(v, &used); } catch (...) { used = 0; }
-      if (used != v.size() || !(r.warmup_ms >= 0 && r.warmup_ms <= 600000)) {
-        throw UsageError("--warmup-ms: expected milliseconds in [0, 600000], got '" + v + "'");
-      }
+      r.warmup_ms = warmup_ms_value(value());
     } else if (!a[i].empty() && a[i][0] == '-') {
       throw UsageError("unknown option '" + a[i] + "' (see kvouter run --help)");
     } else if (r.case_dir.empty()) {
@@ -343,6 +350,7 @@ int cmd_tune(const std::vector<std::string>& a) {
     else if (a[i] == "--log") opt.log = value();
     else if (a[i] == "--repeats") opt.repeats = number(value());
     else if (a[i] == "--max-candidates") opt.max_candidates = number(value());
+    else if (a[i] == "--warmup-ms") opt.warmup_ms = warmup_ms_value(value());
     else throw UsageError("tune: unknown argument '" + a[i] + "'");
   }
   if (opt.repeats < 1) throw UsageError("--repeats: expected a positive integer");

@@ -20,6 +20,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
 #include "kvouter/plan.h"
+#include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedules.h"
 
@@ -64,10 +65,25 @@ ShapeClass ShapeClass::of(const Inputs& in) {
   return c;
 }
 
-bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target) {
+bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target, uint64_t max_shared_bytes) {
   if (c.knobs.empty()) return true;  // an autoscheduled twin
   auto knob = [&](const char* k) { return std::stol(c.knobs.at(k)); };
   const long T = knob("T"), chunk = knob("chunk"), rows = knob("rows"), unroll = knob("unroll");
+  const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
+  const bool gpu = info && info->device == "vulkan";
+  if (gpu != is_vulkan_target(target)) return false;  // a schedule runs on its own device only
+  // Decode-like shapes have about one query per work unit: large tiles are padding.
+  if (shape.decode ? T > 2 : (T != 0 && T < 8)) return false;
+  if (gpu) {
+    if (c.schedule == "vulkan_fused") {
+      // Shared memory: the (o, m, l) state, the query rows and the scores of `rows` rows, and
+      // the K and V chunk (schedules/vulkan_fused.cpp): about 4 x (4 rows D + 2 chunk D) bytes.
+      const uint64_t shared = 4 * static_cast<uint64_t>(shape.D) * (4 * rows + 2 * chunk);
+      return chunk <= shape.block_size && unroll == 4 && shared <= max_shared_bytes;
+    }
+    // The GEMM-stage schedules take the block as one chunk; rows x unroll register tile.
+    return chunk == 4096 && rows * unroll <= 32;
+  }
   // A chunk past the block is the block; tiny chunks only add merge steps.
   if (chunk > shape.block_size || chunk < 16) return false;
   // Register budget of the tiled products: rows x unroll accumulators (+ loads) in 32 vector regs.
@@ -75,26 +91,40 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
   // Knobs a schedule does not read are pinned, so no two candidates are the same program.
   if (c.schedule == "cpu_simple" && (rows != 4 || unroll != 4)) return false;
   if (c.schedule == "cpu_rowstream" && unroll != 4) return false;
-  // Decode-like shapes have about one query per work unit: large tiles are padding.
-  if (shape.decode ? T > 2 : (T != 0 && T < 8)) return false;
-  (void)target;
   return true;
 }
 
 std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target) {
+  const bool gpu = is_vulkan_target(target);
+  uint64_t shared = kMinSharedBytes;
+  if (gpu) {
+    const auto devices = vulkan_devices();
+    if (!devices.empty() && devices[0].max_shared_bytes > 0) shared = devices[0].max_shared_bytes;
+  }
+  // Per family: the values of T, chunk, rows and unroll to cross (keep() prunes the product).
+  const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
+  const std::vector<const char*> cpu_chunks = {"16", "32", "64", "128", "256"}, cpu_rows = {"2", "4", "8"},
+                                 cpu_unrolls = {"2", "4"};
+  const std::vector<const char*> fused_chunks = {"4", "8", "16", "32"}, fused_rows = {"4", "8", "16", "32"};
+  const std::vector<const char*> gemm_chunks = {"4096"}, gemm_tiles = {"1", "2", "4", "8"};
   std::vector<Candidate> out;
   for (const auto& s : pipeline::all_schedules()) {
-    if (s.device != "cpu") continue;
+    if ((s.device == "vulkan") != gpu) continue;
     if (!s.autoscheduler.empty()) {
       out.push_back({s.name, {}});
       continue;
     }
-    for (const char* T : {"0", "1", "2", "8", "16", "32"})
-      for (const char* chunk : {"16", "32", "64", "128", "256"})
-        for (const char* rows : {"2", "4", "8"})
-          for (const char* unroll : {"2", "4"}) {
-            Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
-            if (keep(c, shape, target)) out.push_back(c);
+    const bool fused = s.name == "vulkan_fused";
+    const auto& chunks = !gpu ? cpu_chunks : fused ? fused_chunks : gemm_chunks;
+    const auto& rows = !gpu ? cpu_rows : fused ? fused_rows : gemm_tiles;
+    const std::vector<const char*> fused_unroll = {"4"};
+    const auto& unrolls = !gpu ? cpu_unrolls : fused ? fused_unroll : gemm_tiles;
+    for (const char* T : Ts)
+      for (const char* chunk : chunks)
+        for (const char* r : rows)
+          for (const char* unroll : unrolls) {
+            Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
+            if (keep(c, shape, target, shared)) out.push_back(c);
           }
   }
   return out;
@@ -103,12 +133,15 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
 
 int run_tune(const TuneOptions& opt) {
   register_all_backends();
+  if (is_vulkan_target(opt.target)) require_vulkan_device();  // one clear error, not one per candidate
   Inputs in = make_case(named_shape(opt.shape));
   const ShapeClass shape = ShapeClass::of(in);
   const std::string target = halide::resolve_target(opt.target);
   const std::string log_path = !opt.log.empty() ? opt.log
                                                 : "experiments/results/tune_" + opt.shape + "_" + opt.target + ".jsonl";
   std::vector<Candidate> space = tuning_space(shape, opt.target);
+  // A GPU's clock rises only under load (README "Vulkan (GPU)"): warm each candidate's kernels.
+  const double warmup_ms = opt.warmup_ms >= 0 ? opt.warmup_ms : is_vulkan_target(opt.target) ? 2000.0 : 0.0;
   if (opt.max_candidates > 0 && static_cast<int>(space.size()) > opt.max_candidates) {
     // Every autoscheduled twin, and an even spread over the manual schedules' knob space.
     std::vector<Candidate> manual, picked;
@@ -163,7 +196,7 @@ int run_tune(const TuneOptions& opt) {
       auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target});
       const Plan plan = make_plan(in, backend->plan_options());
       const Measurement m = measure(*backend, plan, in, ref, opt.repeats,
-                                    best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0);
+                                    best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0, warmup_ms);
       rec["compile_ms"] = m.compile_ms;
       rec["max_err"] = m.err.max_out_err;
       if (!m.ok()) {

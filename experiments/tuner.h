@@ -1,5 +1,5 @@
-// The autotuner: `kvouter tune --shape NAME --target T`. A cartesian space of knobs per schedule
-// family, filtered by an explicit keep() predicate keyed on shape class and target (Triton's
+// The autotuner: `kvouter tune --shape NAME --target T` (the CPU schedules for host, the Vulkan
+// ones for host-vulkan). A cartesian space of knobs per schedule family, filtered by an explicit keep() predicate keyed on shape class and target (Triton's
 // autotune), plus the autoscheduled twins as candidates. Each candidate is JIT-compiled, checked
 // against the Eigen float64 oracle (a wrong one is rejected with the reason logged), and timed by
 // the median after warm-up (Highway's auto_tune: a robust statistic, not the minimum); clear
@@ -8,6 +8,7 @@
 // target, machine fingerprint and Halide version, which the CLI's default choice reads.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,9 +31,12 @@ struct ShapeClass {
   static ShapeClass of(const Inputs& in);
 };
 
-// The search space after keep().
+// The search space after keep(): the CPU schedules for a host target, the Vulkan ones for a
+// Vulkan target (vulkan_fused pruned to the device's shared memory per workgroup).
 std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target);
-bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target);
+constexpr uint64_t kMinSharedBytes = 32 * 1024;  // the smallest seen (lavapipe)
+bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target,
+          uint64_t max_shared_bytes = kMinSharedBytes);
 
 struct TuneOptions {
   std::string shape = "tiny";
@@ -42,6 +46,7 @@ struct TuneOptions {
   int repeats = 5;          // timed runs per candidate (after one warm-up)
   double drop_factor = 3;   // a first run this many times slower than the best median is dropped
   int max_candidates = 0;   // 0 = all
+  double warmup_ms = -1;    // before each candidate's timed runs; < 0 = 2000 on a Vulkan target, else 0
 };
 
 int run_tune(const TuneOptions& opt);

@@ -65,6 +65,13 @@ with tempfile.TemporaryDirectory() as tmp:
         expect(r.returncode == 2 and len(lines) == 1 and "no usable Vulkan device" in lines[0]
                and not os.path.exists(os.path.join(out_vk, "out.npy")),
                f"{backend}: an absent Vulkan device is one clear error, exit 2: {r.stderr.strip()[:200]}")
+    tune_db, tune_log = os.path.join(tmp, "novk_db.json"), os.path.join(tmp, "novk_log.jsonl")
+    r = subprocess.run([cli, "tune", "--shape", "tiny", "--target", "host-vulkan", "--db", tune_db, "--log", tune_log],
+                       capture_output=True, text=True, timeout=120, env=novk)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    expect(r.returncode == 2 and len(lines) == 1 and "no usable Vulkan device" in lines[0]
+           and not os.path.exists(tune_db) and not os.path.exists(tune_log),
+           f"tune on an absent Vulkan device is one clear error, exit 2: {r.stderr.strip()[:200]}")
 
     # Wrong dtype, truncated file, missing file, malformed case.json: exit 2, one line, nothing written.
     def broken(mutate, what, needle):

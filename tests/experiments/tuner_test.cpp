@@ -42,6 +42,33 @@ TEST(Tuner, KeepFiltersTheSpace) {
   EXPECT_GT(space.size(), 20u);
 }
 
+TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
+  const ShapeClass s = prefill_class();
+  auto c = [](std::string sched, std::string chunk, std::string rows, std::string unroll) {
+    return Candidate{sched, {{"T", "0"}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
+  };
+  EXPECT_TRUE(keep(c("vulkan_tiled", "4096", "4", "4"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_tiled", "4096", "4", "4"), s, "host"));     // a GPU schedule on the CPU
+  EXPECT_FALSE(keep(c("cpu_tiled", "64", "4", "4"), s, "host-vulkan"));   // a CPU schedule on Vulkan
+  EXPECT_FALSE(keep(c("vulkan_tiled", "64", "4", "4"), s, "host-vulkan"));  // the block must be one chunk
+  EXPECT_FALSE(keep(c("vulkan_rows", "4096", "8", "8"), s, "host-vulkan"));  // 64 accumulators
+  // vulkan_fused's shared memory at D 128: chunk 8, rows 8 is 24 KiB; rows 16 is 40 KiB, which
+  // fits the H200's 48 KiB but not lavapipe's 32 KiB.
+  EXPECT_TRUE(keep(c("vulkan_fused", "8", "8", "4"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan"));
+  EXPECT_TRUE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan", 48 * 1024));
+  EXPECT_FALSE(keep(c("vulkan_fused", "8", "8", "2"), s, "host-vulkan"));  // a knob it ignores
+  std::set<std::string> keys, schedules;
+  for (const auto& cand : tuning_space(s, "host-vulkan")) {
+    EXPECT_TRUE(keys.insert(cand.key()).second) << "duplicate " << cand.key();
+    schedules.insert(cand.schedule);
+  }
+  EXPECT_EQ(schedules, (std::set<std::string>{"vulkan_tiled", "vulkan_rows", "vulkan_fused", "auto_anderson2021",
+                                              "auto_mullapudi2016_gpu"}));
+  EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=4096,rows=4,unroll=4"));
+  EXPECT_TRUE(keys.count("vulkan_fused,T=16,chunk=8,rows=8,unroll=4"));
+}
+
 TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvouter_tune_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

@@ -3,7 +3,11 @@
 // driver. Every Vulkan schedule against the float64 oracle on every case kind, through the JIT
 // and through the AOT registry; odd sizes that need the 64-byte device-buffer padding.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "case_kinds.h"
@@ -17,6 +21,7 @@
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedules.h"
+#include "tuner.h"
 
 namespace kvouter {
 namespace {
@@ -156,6 +161,40 @@ TEST(Vulkan, KernelTimingRepeatsEveryBatchOnTheDevice) {
   for (double ms : t.forward_all) EXPECT_GT(ms, 0.0);
   const auto err = experiments::compare_outputs(got, reference::dense_attention<double>(in, plan.problem));
   EXPECT_TRUE(err.ok()) << "max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+}
+
+TEST(Vulkan, TuneOnAVulkanTargetPicksAVulkanSchedule) {
+  REQUIRE_VULKAN();
+  // `kvouter tune --target host-vulkan`: Vulkan candidates only, each checked against the oracle
+  // (the twins' known failures are rejected, not chosen), warmed, timed; the winner lands in the
+  // database under the Vulkan target, where `kvouter run --target host-vulkan` looks it up.
+  const auto dir = std::filesystem::temp_directory_path() / ("kvouter_vktune_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  experiments::TuneOptions opt;
+  opt.shape = "tiny";
+  opt.target = "host-vulkan";
+  opt.db = (dir / "db.json").string();
+  opt.log = (dir / "log.jsonl").string();
+  opt.repeats = 2;
+  opt.max_candidates = 4;
+  opt.warmup_ms = 10;
+  ASSERT_EQ(experiments::run_tune(opt), 0);
+  std::ifstream log(opt.log);
+  int trials = 0;
+  for (std::string line; std::getline(log, line);) {
+    if (line.empty()) continue;
+    ++trials;
+    const auto rec = nlohmann::json::parse(line);
+    const pipeline::ScheduleInfo* info = pipeline::find_schedule(rec["schedule"].get<std::string>());
+    ASSERT_NE(info, nullptr);
+    EXPECT_EQ(info->device, "vulkan") << line;
+  }
+  EXPECT_EQ(trials, 4);
+  const auto choice = experiments::lookup_tuned(experiments::make_case(experiments::named_shape("tiny")), "host-vulkan", opt.db);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(pipeline::find_schedule(choice->schedule)->device, "vulkan");
+  EXPECT_FALSE(experiments::lookup_tuned(experiments::make_case(experiments::named_shape("tiny")), "host", opt.db).has_value());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Vulkan, KnobsChangeTheScheduleNotTheResult) {
