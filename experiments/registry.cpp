@@ -9,7 +9,6 @@
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
 #include "kvouter/jit.h"
-#include "kvouter/cuda_probe.h"
 #include "kvouter/vulkan_probe.h"
 #include "schedules.h"
 

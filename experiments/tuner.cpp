@@ -101,12 +101,14 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
     const auto devices = vulkan_devices();
     if (!devices.empty() && devices[0].max_shared_bytes > 0) shared = devices[0].max_shared_bytes;
   }
-  // Per family: the values of T, chunk, rows and unroll to cross (keep() prunes the product).
+  // Per family: the values of chunk, rows and unroll to cross with T (keep() prunes the product).
+  struct Axes {
+    std::vector<const char*> chunks, rows, unrolls;
+  };
+  const Axes cpu{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
+  const Axes fused{{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}};
+  const Axes gemm{{"4096"}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
   const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
-  const std::vector<const char*> cpu_chunks = {"16", "32", "64", "128", "256"}, cpu_rows = {"2", "4", "8"},
-                                 cpu_unrolls = {"2", "4"};
-  const std::vector<const char*> fused_chunks = {"4", "8", "16", "32"}, fused_rows = {"4", "8", "16", "32"};
-  const std::vector<const char*> gemm_chunks = {"4096"}, gemm_tiles = {"1", "2", "4", "8"};
   std::vector<Candidate> out;
   for (const auto& s : pipeline::all_schedules()) {
     if ((s.device == "vulkan") != gpu) continue;
@@ -114,15 +116,11 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
       out.push_back({s.name, {}});
       continue;
     }
-    const bool fused = s.name == "vulkan_fused";
-    const auto& chunks = !gpu ? cpu_chunks : fused ? fused_chunks : gemm_chunks;
-    const auto& rows = !gpu ? cpu_rows : fused ? fused_rows : gemm_tiles;
-    const std::vector<const char*> fused_unroll = {"4"};
-    const auto& unrolls = !gpu ? cpu_unrolls : fused ? fused_unroll : gemm_tiles;
+    const Axes& ax = !gpu ? cpu : s.name == "vulkan_fused" ? fused : gemm;
     for (const char* T : Ts)
-      for (const char* chunk : chunks)
-        for (const char* r : rows)
-          for (const char* unroll : unrolls) {
+      for (const char* chunk : ax.chunks)
+        for (const char* r : ax.rows)
+          for (const char* unroll : ax.unrolls) {
             Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
             if (keep(c, shape, target, shared)) out.push_back(c);
           }
