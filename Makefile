@@ -92,7 +92,7 @@ roofline: build
 	$(BUILD)/bin/kvouter roofline
 
 # The bundle carried to the lent GPU machine (experiments/gpu/h200_run.sh reads it): the portable
-# `gpu-carry` build, stripped, with Halide's library (xz) and the GPU autoschedulers' plugins in
+# `gpu-carry` build, stripped and compressed (xz), with Halide's library (xz) and the GPU autoschedulers' plugins in
 # .carry/, and Debian's Vulkan loader and libglvnd packages in .gl/. Under the device's 64 MiB.
 CARRY_BINS ?= kvouter_gpu_bench vulkan_test
 CARRY_DEBS := libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2
@@ -101,7 +101,7 @@ gpu-carry: $(VENV)/.installed
 	$(VENV)/bin/cmake --preset gpu-carry -DCMAKE_PREFIX_PATH=$(HALIDE_CMAKE) > /dev/null
 	$(VENV)/bin/cmake --build build-gpu -j $(JOBS) --target $(CARRY_BINS)
 	rm -rf .carry && mkdir -p .carry/bin .carry/lib .gl
-	for b in $(CARRY_BINS); do strip -o .carry/bin/$$b build-gpu/bin/$$b; done
+	for b in $(CARRY_BINS); do strip -o build-gpu/$$b.stripped build-gpu/bin/$$b && xz -T$(JOBS) -6 -c build-gpu/$$b.stripped > .carry/bin/$$b.xz; done
 	xz -T$(JOBS) -6 -c $(HALIDE_LIB)/libHalide.so > .carry/lib/libHalide.so.xz
 	cp $(HALIDE_LIB)/libautoschedule_anderson2021.so $(HALIDE_LIB)/libautoschedule_mullapudi2016.so .carry/lib/
 	cp /lib/x86_64-linux-gnu/libgomp.so.1 /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .carry/lib/

@@ -81,6 +81,12 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
       const uint64_t shared = 4 * static_cast<uint64_t>(shape.D) * (4 * rows + 2 * chunk);
       return chunk <= shape.block_size && unroll == 4 && shared <= max_shared_bytes;
     }
+    if (c.schedule == "vulkan_onepass") {
+      // Shared memory: query rows and P.V (rows x D), scores and weights (rows x block), the
+      // row statistics (schedules/vulkan_onepass.cpp); the block is one chunk.
+      const uint64_t shared = 4 * static_cast<uint64_t>(rows) * (2 * shape.D + 2 * shape.block_size + 2);
+      return chunk == 4096 && shared <= max_shared_bytes;
+    }
     // The GEMM-stage schedules take the block as one chunk; rows x unroll register tile.
     return chunk == 4096 && rows * unroll <= 32;
   }
@@ -108,6 +114,7 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
   const Axes cpu{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
   const Axes fused{{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}};
   const Axes gemm{{"4096"}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
+  const Axes onepass{{"4096"}, {"4", "8", "16", "32"}, {"2", "4", "8"}};
   const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
   std::vector<Candidate> out;
   for (const auto& s : pipeline::all_schedules()) {
@@ -116,7 +123,10 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
       out.push_back({s.name, {}});
       continue;
     }
-    const Axes& ax = !gpu ? cpu : s.name == "vulkan_fused" ? fused : gemm;
+    const Axes& ax = !gpu                         ? cpu
+                     : s.name == "vulkan_fused"   ? fused
+                     : s.name == "vulkan_onepass" ? onepass
+                                                  : gemm;
     for (const char* T : Ts)
       for (const char* chunk : ax.chunks)
         for (const char* r : ax.rows)

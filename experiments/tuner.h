@@ -32,7 +32,8 @@ struct ShapeClass {
 };
 
 // The search space after keep(): the CPU schedules for a host target, the Vulkan ones for a
-// Vulkan target (vulkan_fused pruned to the device's shared memory per workgroup).
+// Vulkan target (vulkan_fused and vulkan_onepass pruned to the device's shared memory per
+// workgroup).
 std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target);
 constexpr uint64_t kMinSharedBytes = 32 * 1024;  // the smallest seen (lavapipe)
 bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target,

@@ -23,6 +23,10 @@ const std::vector<ScheduleInfo>& all_schedules() {
        "one kernel per (row group, tile): K/V chunk staged in shared memory, online softmax over "
        "chunks, state in shared memory",
        {{"chunk", "8"}, {"rows", "8"}}},
+      {"vulkan_onepass", "vulkan", vulkan_onepass_forward, vulkan_combine, "",
+       "one kernel per (row group, tile), the block as one chunk: K/V read from their pages once "
+       "per workgroup, register-tiled scores and P.V, every intermediate in shared memory",
+       {{"chunk", "4096"}, {"rows", "8"}}},
       {"auto_adams2019", "cpu", nullptr, nullptr, "Adams2019", "Adams2019 autoscheduler twin"},
       {"auto_mullapudi2016", "cpu", nullptr, nullptr, "Mullapudi2016", "Mullapudi2016 autoscheduler twin"},
       {"auto_li2018", "cpu", nullptr, nullptr, "Li2018", "Li2018 autoscheduler twin"},

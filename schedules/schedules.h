@@ -38,6 +38,7 @@ void cpu_rowstream_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_fused_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+void vulkan_onepass_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 // GPU schedules need the shapes that size shared memory specialised, and with one_chunk the block
 // processed as one chunk; throws CompileError if not.

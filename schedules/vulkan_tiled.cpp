@@ -82,9 +82,30 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
   const int RY = std::max(1, std::min(k.rows, 8)), RX = std::max(1, std::min(k.unroll, 8));
   // The block's K, gathered from its pages once per tile and stored transposed (positions
   // innermost): the score GEMM's threads, which run along positions, then read it coalesced and
-  // with no page-table lookups in their inner loop.
-  elementwise_stage(f.kf, f.d, f.p, f.c, f.tile, 32, 8);
-  f.kf.reorder_storage(f.p, f.d, f.c, f.tile);
+  // with no page-table lookups in their inner loop. The transposition goes through shared
+  // memory in 32 x 32 squares (read along d, written along positions, both coalesced; the
+  // square's rows padded to 33 words so that the column reads hit 32 banks). Written directly
+  // from threads along d, this copy was 60 % of gpu-decode on the H200 (ncu, CUDA target:
+  // 1.95 of 3.3 ms, 11 % of DRAM bandwidth; experiments/results/gpu/ncu_decode_cuda.csv).
+  {
+    Func kw = f.kf.in();
+    Var dO("dO"), di("di"), po("po"), pi("pi"), dz("dz"), dy("dy"), pz("pz"), py("py"), ct("ct");
+    kw.compute_root()
+        .reorder_storage(f.p, f.d, f.c, f.tile)
+        .split(f.d, dO, di, 32, guard)
+        .split(f.p, po, pi, 32, guard)
+        .split(di, dz, dy, 8, guard)
+        .reorder(dz, pi, dy, po, dO, f.c, f.tile)
+        .fuse(f.c, f.tile, ct)
+        .gpu_blocks(po, dO, ct)
+        .gpu_threads(pi, dy)
+        .unroll(dz);
+    f.kf.compute_at(kw, po).store_in(MemoryType::GPUShared).bound_storage(f.d, 33)
+        .split(f.p, pz, py, 8, guard)
+        .reorder(pz, f.d, py, f.c, f.tile)
+        .gpu_threads(f.d, py)
+        .unroll(pz);
+  }
   // Scores: wrapper sw over (p, row, c, tile) at root; the reduction over D in registers.
   Func sw = f.s.in();
   gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);

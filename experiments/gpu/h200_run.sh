@@ -3,7 +3,7 @@
 # carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
 # same inputs. Carried (built here by `make gpu-carry`; add kvouter to CARRY_BINS for `sweep`):
 #   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)
-#   .carry/bin/{kvouter_gpu_bench,vulkan_test[,kvouter]}   portable builds
+#   .carry/bin/{kvouter_gpu_bench,vulkan_test[,kvouter]}.xz   portable builds (unpacked to /tmp/kvbin)
 #   .carry/lib/{libHalide.so.xz,libautoschedule_*.so,libgomp.so.1,libyaml-cpp.so.0.7}
 # Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench torch sweep)
 set -uo pipefail
@@ -21,7 +21,9 @@ for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64; do
   if [ -e "$d/libcuda.so.1" ]; then ln -sf "$d/libcuda.so.1" /tmp/kvlib/libcuda.so; break; fi
 done
 export LD_LIBRARY_PATH=/tmp/kvlib
-BIN=.carry/bin
+BIN=/tmp/kvbin
+mkdir -p $BIN
+for f in .carry/bin/*.xz; do b=$BIN/$(basename "$f" .xz); [ -x "$b" ] || { xz -dc "$f" > "$b" && chmod +x "$b"; }; done
 for step in "$@"; do
   case $step in
     env)

@@ -58,13 +58,17 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan"));
   EXPECT_TRUE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "8", "2"), s, "host-vulkan"));  // a knob it ignores
+  // vulkan_onepass's at D 128, block 64: rows 16 is 24.2 KiB, rows 32 is 48.3 KiB (fits neither).
+  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "32", "4"), s, "host-vulkan", 48 * 1024));
+  EXPECT_FALSE(keep(c("vulkan_onepass", "64", "8", "4"), s, "host-vulkan"));  // the block must be one chunk
   std::set<std::string> keys, schedules;
   for (const auto& cand : tuning_space(s, "host-vulkan")) {
     EXPECT_TRUE(keys.insert(cand.key()).second) << "duplicate " << cand.key();
     schedules.insert(cand.schedule);
   }
-  EXPECT_EQ(schedules, (std::set<std::string>{"vulkan_tiled", "vulkan_rows", "vulkan_fused", "auto_anderson2021",
-                                              "auto_mullapudi2016_gpu"}));
+  EXPECT_EQ(schedules, (std::set<std::string>{"vulkan_tiled", "vulkan_rows", "vulkan_fused", "vulkan_onepass",
+                                              "auto_anderson2021", "auto_mullapudi2016_gpu"}));
   EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=4096,rows=4,unroll=4"));
   EXPECT_TRUE(keys.count("vulkan_fused,T=16,chunk=8,rows=8,unroll=4"));
 }

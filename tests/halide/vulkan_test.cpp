@@ -281,7 +281,7 @@ TEST(Cuda, AotVariantsOfTheGpuShapes) {
   experiments::register_all_backends();
   for (const char* shape : {"gpu-prefill", "gpu-decode"}) {
     const Inputs in = gpu_shape_like(shape);
-    for (const char* schedule : {"vulkan_fused", "vulkan_tiled"}) {
+    for (const char* schedule : {"vulkan_fused", "vulkan_tiled", "vulkan_onepass"}) {
       const auto names = fitting_variants(schedule, "host-cuda", in);
       EXPECT_FALSE(names.empty()) << schedule << " has a CUDA variant for " << shape;
       for (const auto& variant : names) {
