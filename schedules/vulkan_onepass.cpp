@@ -2,19 +2,19 @@
 // nothing but the partials passes through device memory. One workgroup per (group of `rows`
 // rows, tile). In it, in order, each stage's result in shared memory:
 //   qf      the group's query rows (pre-scaled)
-//   scores  s(p, row) = q[row] . k[p]       register tiles of unroll x unroll per thread, K read
-//                                            from its pages directly (through the L1 cache)
+//   scores  s(p, row) = q[row] . k[p]       over D in slices: each slice of the block's K staged
+//                                            in shared memory (coalesced), register tiles of
+//                                            unroll x unroll per thread
 //   stats   cmax, csum per row               one thread per row, reduced in registers
 //   pexp    exp(s - cmax) where attended     all threads over (row, position)
 //   P.V     cpv(d, row) = sum_p pexp v[p][d] register tiles again, V read from its pages directly
+//                                            (threads along d: coalesced)
 // and the packed [o | m | l] is written from there. Compared with vulkan_tiled (the same
 // stages, each a kernel with its result in device memory, K first transposed into a copy of
 // every tile's block) this removes six of the seven kernels, the 537 MB K copy of the GPU shapes
 // and every per-call intermediate the Halide 21 Vulkan runtime allocates and clears (README
 // limit 10). Compared with vulkan_fused there is no chunk loop, so no online state across it
-// (README limit 4) and no per-chunk barrier phases. The cost: scores and weights of the whole
-// block live in shared memory, about 8 x rows x (D + block) bytes (24 KiB at D 128, block 256,
-// rows 8); rows is halved until that fits the H200's 48 KiB.
+// (README limit 4). The cost: scores and weights of the whole block live in shared memory.
 // Knobs: rows (rows per workgroup), unroll (register tile edge: unroll positions or channels by
 // unroll rows per thread). The block must be one chunk (the registry passes chunk 4096).
 // Measured: see README "Vulkan (GPU)".
@@ -27,9 +27,6 @@ namespace kvouter::pipeline {
 using namespace Halide;
 
 namespace {
-
-// Shared memory of one workgroup, bytes: qf and cpv (rows x D), scores and weights (rows x C).
-int onepass_shared_bytes(int rows, int D, int C) { return 4 * (2 * rows * D + 2 * rows * C + 2 * rows); }
 
 // A register-tiled GEMM stage at the workgroup level: `stage` (a wrapper, in shared memory) over
 // (x, row), RX x RY outputs per thread, `acc` (its reduction over r) in registers.
@@ -59,8 +56,10 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
 void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   vulkan_require_static(f, "vulkan_onepass", true);
   const int D = f.static_D, C = f.static_C;
-  int R = std::max(1, std::min(k.rows, f.static_rows));
-  while (R > 1 && onepass_shared_bytes(R, D, C) > 48 * 1024) R = (R + 1) / 2;
+  // Shared memory is at most 4 x (2 rows (D + C) + (C + 4) DK) bytes (Halide reuses some of it:
+  // 41 KiB at D 128, block 128, rows 16); a workgroup past the device's limit is the runtime's
+  // clear error, and the tuner keeps to the limit (experiments/tuner.cpp).
+  const int R = std::max(1, std::min(k.rows, f.static_rows));
   const int RX = std::max(1, std::min(k.unroll, 8));
   const int RY = std::max(1, std::min(RX, R));
   const int TX = 32;  // threads along channels or positions in the element-wise stages
@@ -100,25 +99,61 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
         .unroll(qi)
         .gpu_threads(di, qo);
   }
-  // Scores, rows innermost in storage: the statistics threads (one per row) then read
-  // consecutive words.
-  Func sw = f.s.in();
-  block_gemm(sw, f.s, f.p, f.row, f.c, f.tile, group, RX, RY, f.rd.x, D);
-  sw.reorder_storage(f.row, f.p, f.c, f.tile);
+  // Scores, in shared memory, over D in slices of DK channels. Each slice of the block's K is
+  // staged in shared memory (read along d: coalesced) and every thread adds its unroll x unroll
+  // register tile's partial sums over the slice (rfactor: the slice's sum is a register
+  // intermediate, the scores take one read-modify-write per slice). Read from the pages by the
+  // score threads directly, each warp load touched 32 cache lines (threads run along positions,
+  // K rows are 512 bytes apart): ncu on the H200 (CUDA target) had the kernel at 3.4 ms on
+  // gpu-decode with 7 % of DRAM bandwidth.
+  {
+    int DK = std::max(1, std::min({32, D, 4096 / std::max(1, C)}));
+    while (D % DK) --DK;
+    RVar rdo("rdo"), rdi("rdi");
+    Var u("u");
+    f.s.update().split(f.rd.x, rdo, rdi, DK);
+    Func part = f.s.update().rfactor(rdo, u);
+    Var xo("sxo"), xi("sxi"), ro("sro"), ri("sri"), uxo("uxo"), uxi("uxi"), uro("uro"), uri("uri");
+    f.s.compute_at(group).store_in(MemoryType::GPUShared).bound_storage(f.p, C + 4)
+        .split(f.p, xo, xi, RX, guard).split(f.row, ro, ri, RY, guard)
+        .reorder(xi, ri, xo, ro, f.c, f.tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
+    f.s.update()
+        .split(f.p, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
+        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uxi).unroll(uri);
+    part.compute_at(f.s, uxo).store_in(MemoryType::Register).unroll(f.p).unroll(f.row);
+    part.update().reorder(f.p, f.row, rdi).unroll(f.p).unroll(f.row);
+    // Four channels per iteration, unrolled by Halide: Halide's SPIR-V marks every loop
+    // DontUnroll (README limit 9), so without this the Vulkan kernel waits on each step's loads.
+    if (DK % 4 == 0) {
+      RVar r4o("r4o"), r4i("r4i");
+      part.update().split(rdi, r4o, r4i, 4).reorder(f.p, f.row, r4i, r4o).unroll(r4i);
+    }
+    // The slice: threads along d (32 or DK), positions innermost in storage (the score threads
+    // then read unroll consecutive words), rows padded by 4 words against bank conflicts.
+    Var pz("pz"), py("py");
+    const int TY = NY;  // the other stages' thread rows (more would widen the workgroup)
+    f.kf.compute_at(f.s, rdo).store_in(MemoryType::GPUShared)
+        .reorder_storage(f.p, f.d, f.c, f.tile).bound_storage(f.p, C + 4)
+        .split(f.p, pz, py, TY, guard)
+        .reorder(pz, f.d, py, f.c, f.tile)
+        .gpu_threads(f.d, py);
+  }
   for (Func* stat : {&f.cmax, &f.csum}) {
     Func w = stat->in();
     w.compute_at(group).store_in(MemoryType::GPUShared).gpu_threads(f.row);
     stat->compute_at(w, f.row).store_in(MemoryType::Register);
   }
-  // Softmax weights: all the threads of the other stages (TX x NY), consecutive (row, position)
+  // Softmax weights: all the threads of the other stages (TX x NY), consecutive (position, row)
   // entries per thread index. (As one thread dimension of TX x NY, it made every workgroup 4x
   // wider than the other stages use: measured 512 threads, 3/4 of them idle in the GEMMs.)
+  // Scores and weights are stored positions innermost with rows padded by 4 words: the score
+  // threads' read-modify-writes (unroll consecutive positions per thread) and the statistics'
+  // one-thread-per-row reads then hit different banks. (Rows innermost, each score update was a
+  // 32-way bank conflict: ncu, 47 M conflicts in the gpu-decode kernel.)
   {
     Var rp("rp_f"), fo("fo"), fi("fi"), foo("foo"), foi("foi");
-    f.pexp.compute_at(group).store_in(MemoryType::GPUShared)
-        .reorder_storage(f.row, f.p, f.c, f.tile)
-        .reorder(f.row, f.p, f.c, f.tile)
-        .fuse(f.row, f.p, rp)
+    f.pexp.compute_at(group).store_in(MemoryType::GPUShared).bound_storage(f.p, C + 4)
+        .fuse(f.p, f.row, rp)
         .split(rp, fo, fi, TX, guard)
         .split(fo, foo, foi, NY, guard)
         .reorder(fi, foi, foo, f.c, f.tile)

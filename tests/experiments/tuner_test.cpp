@@ -58,8 +58,11 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan"));
   EXPECT_TRUE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "8", "2"), s, "host-vulkan"));  // a knob it ignores
-  // vulkan_onepass's at D 128, block 64: rows 16 is 24.2 KiB, rows 32 is 48.3 KiB (fits neither).
-  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
+  // vulkan_onepass's at D 128, block 64 (K slice 8.5 KiB): rows 8 is 20.6 KiB, rows 16 is
+  // 32.6 KiB (the H200's 48 KiB only), rows 32 is 56.8 KiB (fits neither).
+  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "8", "8"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
+  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "32", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_onepass", "64", "8", "4"), s, "host-vulkan"));  // the block must be one chunk
   std::set<std::string> keys, schedules;
