@@ -3,7 +3,7 @@
 // It links no compiler (libHalide) at all: built here, carried to the GPU machine with its Vulkan
 // loader (README "GPU results"), it needs only libc there.
 //
-//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_fused,vulkan_tiled,...]
+//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check]
 //
@@ -93,7 +93,7 @@ json errors_json(const Outputs& got, const Outputs& ref) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_fused", "vulkan_tiled", "vulkan_rows"};
+  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_onepass", "vulkan_tiled", "vulkan_fused", "vulkan_rows"};
   std::vector<std::string> targets = {"host-vulkan"};
   int reps = 5;
   double warmup_ms = 2000;

@@ -69,9 +69,10 @@ void register_all_backends() {
 
 const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
-// Measured on the H200 with warm clocks (README "Vulkan (GPU)"): vulkan_tiled 966 ms on
-// gpu-prefill against vulkan_fused's 1445, and within 5 % of it on gpu-decode (7.3 / 7.0 ms); on
-// the CUDA target 294 ms against 5982; on lavapipe about 30x faster.
+// Measured on the H200 through Vulkan with warm clocks (README "Vulkan (GPU)"): vulkan_tiled
+// 936 ms on gpu-prefill against vulkan_onepass's 1142 and vulkan_fused's 1445; on gpu-decode
+// 5.8-6.1 ms against 5.6 and 7.0 (within 10 %). On lavapipe about 30x faster than vulkan_fused.
+// (On the CUDA target vulkan_onepass is the fastest: 0.90 / 199 ms.)
 const char* default_vulkan_schedule() { return "vulkan_tiled"; }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU

@@ -15,9 +15,11 @@
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
 // Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): host-vulkan
-// gpu-decode 7.34 ms = 3.0 % of HBM bandwidth (target 60 %: not met), gpu-prefill 966 ms = 3.2 %
-// of FP32 peak (target 20 %: not met); the same schedule on host-cuda 2.95 ms (7.6 % of HBM) and
-// 294 ms (10.5 %). The default Vulkan schedule. On lavapipe (CI) it is for correctness only.
+// gpu-decode 5.78-6.11 ms = 3.7-3.9 % of HBM bandwidth (target 60 %: not met), gpu-prefill
+// 936 ms = 3.3 % of FP32 peak (target 20 %: not met); the same schedule on host-cuda 1.39 ms
+// (16.1 % of HBM) and 267 ms (11.5 %); vulkan_onepass is faster on CUDA. The default Vulkan
+// schedule (prefill: 936 against vulkan_onepass's 1142 ms). On lavapipe (CI) it is for
+// correctness only.
 #include <algorithm>
 
 #include "kvouter/tile_layout.h"
