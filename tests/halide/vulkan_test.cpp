@@ -213,6 +213,15 @@ TEST(Vulkan, KnobsChangeTheScheduleNotTheResult) {
   const Inputs d16 = experiments::make_case(narrow);
   check("jit", "vulkan_fused", d16, "D16 chunk=32 rows=2", {{"chunk", "32"}, {"rows", "2"}});
   check("jit", "vulkan_fused", d16, "D16 chunk=48 rows=4", {{"chunk", "48"}, {"rows", "4"}});
+  // vulkan_onepass: row groups not dividing the tile's rows (the last group shifted inwards), and
+  // register tiles of 1 and 8.
+  check("jit", "vulkan_onepass", in, "tiny rows=5 unroll=2", {{"rows", "5"}, {"unroll", "2"}});
+  check("jit", "vulkan_onepass", in, "tiny rows=12 unroll=8", {{"rows", "12"}, {"unroll", "8"}});
+  check("jit", "vulkan_onepass", d16, "D16 rows=3 unroll=1", {{"rows", "3"}, {"unroll", "1"}});
+  // A workgroup past 1024 threads is a compile error, not a lost device (measured on the H200:
+  // VK_ERROR_DEVICE_LOST): D 128 with unroll 1 is 128 threads per row of 16.
+  EXPECT_THROW(check("jit", "vulkan_onepass", in, "tiny rows=16 unroll=1", {{"rows", "16"}, {"unroll", "1"}}),
+               BackendError);
   // The GEMM-stage schedules process a block as one chunk: a smaller chunk is a clear compile error.
   EXPECT_THROW(check("jit", "vulkan_tiled", in, "tiny chunk=16", {{"chunk", "16"}}), BackendError);
 }
