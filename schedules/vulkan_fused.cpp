@@ -14,7 +14,8 @@
 // Measured (H200, AOT host-vulkan, warm clocks, kernel medians, README "Vulkan (GPU)"; chunk 8,
 // rows 16): gpu-decode 6.99 ms = 3.2 % of HBM bandwidth (target 60 %: not met); gpu-prefill
 // 1445 ms = 2.1 % of FP32 peak (target 20 %, <= 155 ms: not met). vulkan_tiled is faster on
-// prefill (966 ms) and the default. The same schedule on the CUDA target: 23.5 / 5982 ms. Every
+// prefill (936 ms) and the default; vulkan_onepass is faster on CUDA. The same schedule on the
+// CUDA target: 23.5 / 5982 ms. Every
 // chunk is about ten barrier-separated phases, three waiting on dependent global gathers; a
 // 5-phase variant (statistics per state thread) measured 5.5x slower on decode. On lavapipe
 // (CI) it is for correctness only.
