@@ -7,11 +7,13 @@ Inputs, any mix (the kind is told from the content, not the file name):
   sweep JSONL             one {"kind": "sweep", ...} record per line
   tuning-log JSONL        one {"kind": "tune", ...} record per line
   Google Benchmark JSON   what bench_kvouter writes with --benchmark_out / --benchmark_format=json
+  GPU benchmark JSON      what kvouter_gpu_bench writes with --json (experiments/results/gpu/)
+  PyTorch comparison      what experiments/torch_compare.py writes with --json (same folder)
 A folder stands for its *.json and *.jsonl files, not those of its subfolders (results/fixtures holds
 synthetic test data that must never mix into real results).
 
 Figures, each written as PNG and SVG: speedup_vs_sparsity, gflops_vs_roofline, schedule_bars,
-tuning_convergence. A figure whose inputs are absent is skipped with a line saying why.
+tuning_convergence, gpu_roofline. A figure whose inputs are absent is skipped with a line saying why.
 
 The notebooks import this module for loading, tables and figures, so that logic lives here once.
 Nothing here times anything: it only reads what the experiments recorded.
@@ -33,7 +35,9 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-FIGURES = ("speedup_vs_sparsity", "gflops_vs_roofline", "schedule_bars", "tuning_convergence")
+FIGURES = ("speedup_vs_sparsity", "gflops_vs_roofline", "schedule_bars", "tuning_convergence", "gpu_roofline")
+# The GPU shapes' targets (issue #4): the roofline share each is measured by, and the target.
+GPU_TARGETS = {"gpu-decode": ("pct_hbm", 60.0), "gpu-prefill": ("pct_peak", 20.0)}
 DENSE_BACKEND = "dense"
 BENCH_MARK = " [bench]"  # appended to benchmark series: a different run from the sweeps
 DEFAULT_RESULTS = "../experiments/results"  # relative to notebooks/, where Jupyter starts kernels
@@ -124,15 +128,48 @@ class TuneTrial:
 
 
 @dataclass
+class GpuRun:
+    """One GPU implementation timed on one shape: a kvouter_gpu_bench run (a kvouter kernel on a
+    target) or a PyTorch implementation of experiments/torch_compare.py on the same inputs."""
+    file: str
+    device: str
+    shape: str
+    impl: str              # schedule@target, or "torch gather" / "torch flex"
+    variant: str           # the AOT variant's knobs (e.g. rows_16_unroll_4), "" for PyTorch
+    median_ms: float
+    ms_all: list[float]
+    flops: float | None = None      # the shape's attended work (SPEC §5), from the benchmark
+    kv_bytes: float | None = None   # K/V bytes the selection reads
+    peak_tflops: float | None = None
+    hbm_tbps: float | None = None
+    ok: bool = True                 # results agreed with the baseline it was checked against
+    synthetic: bool = False
+
+    @property
+    def pct_peak(self) -> float | None:
+        if not self.flops or not self.peak_tflops:
+            return None
+        return 100.0 * self.flops / (self.median_ms * 1e-3) / (self.peak_tflops * 1e12)
+
+    @property
+    def pct_hbm(self) -> float | None:
+        if not self.kv_bytes or not self.hbm_tbps:
+            return None
+        return 100.0 * self.kv_bytes / (self.median_ms * 1e-3) / (self.hbm_tbps * 1e12)
+
+
+@dataclass
 class Results:
     measurements: list[Measurement] = field(default_factory=list)
     trials: list[TuneTrial] = field(default_factory=list)
+    gpu: list[GpuRun] = field(default_factory=list)
     loaded: list[tuple[str, str, int]] = field(default_factory=list)  # (file, kinds, records)
     notes: list[str] = field(default_factory=list)                    # skipped lines and why
 
     @property
     def synthetic(self) -> bool:
-        return any(m.synthetic for m in self.measurements) or any(t.synthetic for t in self.trials)
+        return (any(m.synthetic for m in self.measurements) or any(t.synthetic for t in self.trials)
+                or any(g.synthetic for g in self.gpu))
 
     def ok_measurements(self) -> list[Measurement]:
         return [m for m in self.measurements if m.ok]
@@ -140,7 +177,7 @@ class Results:
     def summary(self) -> str:
         lines = [f"{f}: {n} {kind} record(s)" for f, kind, n in self.loaded]
         lines += [f"note: {n}" for n in self.notes]
-        bad = sum(not m.ok for m in self.measurements)
+        bad = sum(not m.ok for m in self.measurements) + sum(not g.ok for g in self.gpu)
         if bad:
             lines.append(f"note: {bad} record(s) with ok=false are left out of every table and figure")
         if self.synthetic:
@@ -180,6 +217,7 @@ def load_results(paths: str | Path | Iterable[str | Path]) -> Results:
             continue
         _load_file(path, res)
     _label_shapes(res.measurements)
+    _link_gpu_runs(res.gpu)
     return res
 
 
@@ -192,6 +230,10 @@ def _load_file(path: Path, res: Results) -> None:
     if isinstance(whole, dict) and isinstance(whole.get("benchmarks"), list):
         n = _load_gbench(whole, str(path), res)
         res.loaded.append((str(path), "Google Benchmark", n))
+        return
+    if isinstance(whole, dict) and whole.get("tool") in (GPU_BENCH_TOOL, TORCH_TOOL):
+        n = (_load_gpu_bench if whole["tool"] == GPU_BENCH_TOOL else _load_torch_compare)(whole, str(path), res)
+        res.loaded.append((str(path), whole["tool"], n))
         return
     if isinstance(whole, dict):
         records = [(1, whole)]
@@ -231,6 +273,72 @@ def _load_file(path: Path, res: Results) -> None:
         res.loaded.append((str(path), kind, n))
     if not counts:
         res.notes.append(f"{path}: nothing recognisable in it")
+
+
+GPU_BENCH_TOOL = "kvouter_gpu_bench"
+TORCH_TOOL = "experiments/torch_compare.py"
+
+
+def _variant_knobs(variant: str, target: str) -> str:
+    """'kvouter_vulkan_onepass_d128_..._host_cuda_chunk_4096_rows_16_unroll_4' -> the knobs after
+    the target ('rows_16_unroll_4'; the GPU schedules' chunk 4096 means 'the whole block')."""
+    marker = "_" + target.replace("-", "_") + "_"
+    knobs = variant.split(marker, 1)[1] if marker in variant else ""
+    return re.sub(r"^chunk_4096_?", "", knobs)
+
+
+def _load_gpu_bench(doc: dict, file: str, res: Results) -> int:
+    device = doc.get("device", "?")
+    peak, hbm = _opt_float(doc.get("peak_fp32_tflops")), _opt_float(doc.get("hbm_tbps"))
+    synthetic = bool(doc.get("synthetic", False))
+    n = 0
+    for shape_rec in doc.get("results", []):
+        shape = shape_rec.get("shape", "?")
+        for run in shape_rec.get("runs", []):
+            name = f"{run.get('schedule', '?')}@{run.get('target', '?')}"
+            ms = _opt_float(run.get("kernel_ms"))
+            if ms is None:
+                res.notes.append(f"{file}: {shape} {name}: {run.get('error', 'no kernel time')}, left out")
+                continue
+            checks = [v for k, v in run.items() if k.startswith("vs_") and isinstance(v, dict)]
+            res.gpu.append(GpuRun(file=file, device=device, shape=shape, impl=name,
+                                  variant=_variant_knobs(run.get("variant", ""), run.get("target", "")),
+                                  median_ms=ms, ms_all=[float(x) for x in run.get("kernel_ms_all", [ms])],
+                                  flops=_opt_float(run.get("flops")), kv_bytes=_opt_float(run.get("kv_bytes")),
+                                  peak_tflops=peak, hbm_tbps=hbm,
+                                  ok=all(c.get("within_tolerance", False) for c in checks), synthetic=synthetic))
+            n += 1
+    return n
+
+
+def _load_torch_compare(doc: dict, file: str, res: Results) -> int:
+    device = doc.get("device", "?")
+    synthetic = bool(doc.get("synthetic", False))
+    n = 0
+    for shape_rec in doc.get("results", []):
+        for impl in ("gather", "flex"):
+            r = shape_rec.get(impl)
+            ms = _opt_float(r.get("ms")) if isinstance(r, dict) else None
+            if ms is None:
+                continue
+            diff = r.get("vs_kvouter", {})
+            ok = all(_opt_float(diff.get(k)) is not None and diff[k] < 1e-4 for k in ("max_out_diff", "max_lse_diff"))
+            res.gpu.append(GpuRun(file=file, device=device, shape=shape_rec.get("shape", "?"), impl=f"torch {impl}",
+                                  variant="", median_ms=ms, ms_all=[float(x) for x in r.get("ms_all", [ms])],
+                                  ok=ok, synthetic=synthetic))
+            n += 1
+    return n
+
+
+def _link_gpu_runs(runs: list[GpuRun]) -> None:
+    """PyTorch files carry no work counts: take the shape's from a kvouter run on the same device
+    (the benchmark writes the inputs PyTorch reads, so the work is the same)."""
+    for g in runs:
+        if g.flops is not None:
+            continue
+        ref = next((k for k in runs if k.shape == g.shape and k.device == g.device and k.flops is not None), None)
+        if ref:
+            g.flops, g.kv_bytes, g.peak_tflops, g.hbm_tbps = ref.flops, ref.kv_bytes, ref.peak_tflops, ref.hbm_tbps
 
 
 def _record_kind(rec) -> str | None:
@@ -506,6 +614,26 @@ def tuning_rows(res: Results) -> list[dict]:
     return rows
 
 
+def gpu_rows(res: Results) -> list[dict]:
+    """Per GPU shape and implementation (with its variant), the fastest recorded median, with its
+    share of the FP32 peak and of HBM bandwidth and the shape's target; fastest first."""
+    best: dict[tuple, GpuRun] = {}
+    for g in res.gpu:
+        if not g.ok:
+            continue
+        key = (g.shape, g.impl, g.variant)
+        if key not in best or g.median_ms < best[key].median_ms:
+            best[key] = g
+    rows = []
+    for (shape, impl, variant), g in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1].median_ms)):
+        metric, target = GPU_TARGETS.get(shape, ("pct_peak", None))
+        rows.append({"shape": shape, "implementation": impl, "variant": variant or "-", "median_ms": g.median_ms,
+                     "pct_fp32_peak": g.pct_peak, "pct_hbm": g.pct_hbm,
+                     "target": f"{target:g} % {'HBM' if metric == 'pct_hbm' else 'FP32'}" if target else "-",
+                     "file": Path(g.file).name})
+    return rows
+
+
 def format_table(rows: list[dict], columns: list[str] | None = None) -> str:
     """A plain-text table: numbers to 4 significant digits, right-aligned; None as '-'."""
     if not rows:
@@ -720,11 +848,43 @@ def fig_tuning_convergence(res: Results) -> tuple[Figure | None, str]:
     return fig, ""
 
 
+def fig_gpu_roofline(res: Results) -> tuple[Figure | None, str]:
+    rows = gpu_rows(res)
+    if not rows:
+        return None, "no GPU benchmark records (kvouter_gpu_bench or torch_compare JSON)"
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig = Figure(figsize=(9.0, sum(1.2 + 0.32 * sum(r["shape"] == s for r in rows) for s in shapes)),
+                 layout="constrained")
+    axes = fig.subplots(len(shapes), 1, squeeze=False)[:, 0]
+    for ax, shape in zip(axes, shapes):
+        metric, target = GPU_TARGETS.get(shape, ("pct_peak", None))
+        key = "pct_hbm" if metric == "pct_hbm" else "pct_fp32_peak"
+        sub = [r for r in rows if r["shape"] == shape and r[key] is not None]
+        labels = [r["implementation"] + ("" if r["variant"] == "-" else f" {r['variant']}") for r in sub]
+        colors = ["tab:gray" if r["implementation"].startswith("torch") else
+                  "tab:green" if r["implementation"].endswith("@host-cuda") else "tab:blue" for r in sub]
+        ax.barh(range(len(sub)), [r[key] for r in sub], color=colors)
+        for i, r in enumerate(sub):
+            ax.text(r[key], i, f" {r['median_ms']:.4g} ms", va="center", fontsize=7)
+        ax.set_yticks(range(len(sub)), labels, fontsize=7)
+        ax.invert_yaxis()
+        what = "% of HBM bandwidth (K/V bytes read)" if key == "pct_hbm" else "% of FP32 peak (attended FLOP)"
+        ax.set_xlabel(what)
+        if target:
+            ax.axvline(target, color="firebrick", ls="--", lw=1.2, label=f"target {target:g} %")
+            ax.legend(fontsize=7, loc="lower right")
+            ax.set_xlim(0, max(target, *(r[key] for r in sub)) * 1.25)
+        ax.set_title(f"{shape}: blue Vulkan, green CUDA, grey PyTorch (fastest recorded median each)", fontsize=9)
+    _title(fig, "GPU shapes against the roofline", res)
+    return fig, ""
+
+
 FIGURE_BUILDERS: dict[str, Callable[[Results], tuple[Figure | None, str]]] = {
     "speedup_vs_sparsity": fig_speedup_vs_sparsity,
     "gflops_vs_roofline": fig_gflops_vs_roofline,
     "schedule_bars": fig_schedule_bars,
     "tuning_convergence": fig_tuning_convergence,
+    "gpu_roofline": fig_gpu_roofline,
 }
 
 
@@ -761,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.files or [str(Path(__file__).resolve().parent / "results")]
     res = load_results(paths)
     print(res.summary())
-    if not res.measurements and not res.trials:
+    if not res.measurements and not res.trials and not res.gpu:
         print("nothing to plot", file=sys.stderr)
         return 1
     written = write_figures(res, args.out)

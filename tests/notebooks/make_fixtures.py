@@ -4,7 +4,7 @@ plot.py tests read. Nothing here is measured: times come from a toy roofline mod
 bandwidth bound, whichever is slower, plus a fixed overhead) with seeded jitter, so that the
 figures have plausible shapes. Every record says "synthetic": true.
 
-    .venv/bin/python tests/notebooks/make_fixtures.py   # rewrites the three files, deterministically
+    .venv/bin/python tests/notebooks/make_fixtures.py   # rewrites the five files, deterministically
 """
 import json
 import math
@@ -142,11 +142,51 @@ def write_gbench(rng):
     (OUT / "bench_synthetic.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def write_gpu(rng):
+    """kvouter_gpu_bench JSON and experiments/torch_compare.py JSON of a made-up GPU: two shapes, a
+    Vulkan and a CUDA kernel each (one with two variants), one run whose check failed, one run
+    without a kernel for its target, and PyTorch gather/flex on the same shapes."""
+    shapes = {"gpu-decode": (8.0e9, 1.0e9), "gpu-prefill": (2.0e12, 1.3e8)}  # (FLOP, K/V bytes)
+    runs_of = {"gpu-decode": [("vulkan_onepass", "host-cuda", "rows_16_unroll_4", 1.1, True),
+                              ("vulkan_onepass", "host-vulkan", "rows_16_unroll_2", 5.5, True),
+                              ("vulkan_onepass", "host-vulkan", "rows_8_unroll_4", 9.0, True),
+                              ("vulkan_tiled", "host-vulkan", "", 6.0, False)],
+               "gpu-prefill": [("vulkan_onepass", "host-cuda", "rows_16_unroll_4", 210.0, True),
+                               ("vulkan_tiled", "host-vulkan", "", 950.0, True)]}
+    results = []
+    for shape, (flops, kv) in shapes.items():
+        runs = []
+        for schedule, target, knobs, ms, ok in runs_of[shape]:
+            tgt = target.replace("-", "_")
+            variant = f"kvouter_{schedule}_d128_p64_b128_q16_t1_{tgt}_chunk_4096" + (f"_{knobs}" if knobs else "")
+            all_ms = sorted(round(ms * rng.uniform(0.98, 1.05), 4) for _ in range(3))
+            runs.append({"schedule": schedule, "target": target, "variant": variant, "backend": "aot",
+                         "kernel_ms": all_ms[1], "kernel_ms_all": all_ms, "flops": flops, "kv_bytes": kv,
+                         "vs_direct": {"within_tolerance": ok, "max_out_err": 3e-8 if ok else 0.5}})
+        runs.append({"schedule": "vulkan_rows", "target": "host-cuda",
+                     "error": "aot: no generated kernel for schedule 'vulkan_rows' and target 'host-cuda'"})
+        results.append({"shape": shape, "flops": flops, "runs": runs})
+    doc = {"tool": "kvouter_gpu_bench", "synthetic": True, "note": WHO, "device": "Synthetic GPU",
+           "peak_fp32_tflops": 60.0, "hbm_tbps": 4.0, "reps": 3, "warmup_ms": 2000.0, "results": results}
+    (OUT / "gpu_bench_synthetic.json").write_text(json.dumps(doc, indent=1) + "\n")
+    torch = {"tool": "experiments/torch_compare.py", "synthetic": True, "note": WHO, "device": "Synthetic GPU",
+             "tf32": False, "results": [
+                 {"shape": "gpu-decode", "gather": {"ms": 3.0, "ms_all": [3.0, 3.1, 2.9],
+                                                    "vs_kvouter": {"max_out_diff": 1e-7, "max_lse_diff": 1e-6}},
+                  "flex": {"error": "OutOfMemoryError('synthetic')"}},
+                 {"shape": "gpu-prefill", "gather": {"ms": 640.0, "ms_all": [640.0],
+                                                     "vs_kvouter": {"max_out_diff": 2e-7, "max_lse_diff": 1e-6}},
+                  "flex": {"ms": 1600.0, "ms_all": [1600.0],
+                           "vs_kvouter": {"max_out_diff": 2e-7, "max_lse_diff": 2e-6}}}]}
+    (OUT / "torch_compare_synthetic.json").write_text(json.dumps(torch, indent=1) + "\n")
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     rng = random.Random(20240601)
     write_sweep(rng)
     write_tuning(rng)
     write_gbench(rng)
+    write_gpu(rng)
     for p in sorted(OUT.iterdir()):
         print(f"{p} ({p.stat().st_size} bytes)")

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 FIXTURES = REPO / "experiments" / "results" / "fixtures"
 PLOT = REPO / "experiments" / "plot.py"
-FIGURES = ("speedup_vs_sparsity", "gflops_vs_roofline", "schedule_bars", "tuning_convergence")
+FIGURES = ("speedup_vs_sparsity", "gflops_vs_roofline", "schedule_bars", "tuning_convergence", "gpu_roofline")
 REQUIRED_NOTEBOOKS = ("compare_schedules", "roofline", "sparse_vs_dense")
 # Notebooks load results; they never time anything (STYLE.md).
 TIMING = re.compile(r"%%?timeit|\btime\.(perf_counter|time|monotonic|process_time)|\btimeit\b|"
@@ -121,18 +121,25 @@ def check_plot(tmp: Path) -> None:
         ok_png = png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         ok_svg = svg.is_file() and b"<svg" in svg.read_bytes()[:2000]
         expect(ok_png and ok_svg, f"plot.py wrote {name}.png and {name}.svg")
-    expect(r.stdout.strip().splitlines()[-1].strip() == str(out / "tuning_convergence.svg")
-           and "wrote 8 file(s):" in r.stdout, "plot.py ends by listing the 8 files it wrote")
+    expect(r.stdout.strip().splitlines()[-1].strip() == str(out / "gpu_roofline.svg")
+           and "wrote 10 file(s):" in r.stdout, "plot.py ends by listing the 10 files it wrote")
     expect("ok=false are left out" in r.stdout and "benchmark reported an error" in r.stdout,
            "plot.py says which records it left out (ok=false, benchmark error)")
 
-    # Inputs for only one figure: the other three are skipped, each with its reason.
+    # Inputs for only one figure: the other four are skipped, each with its reason.
     out2 = tmp / "only_tuning"
     r = run_plot([str(FIXTURES / "tune_synthetic.jsonl")], out2)
     written = sorted(p.name for p in out2.iterdir()) if out2.is_dir() else []
     skips = [line for line in r.stdout.splitlines() if line.startswith("skip ")]
-    expect(r.returncode == 0 and written == ["tuning_convergence.png", "tuning_convergence.svg"] and len(skips) == 3,
-           f"plot.py with only a tuning log writes only tuning_convergence and skips 3 figures, saying why")
+    expect(r.returncode == 0 and written == ["tuning_convergence.png", "tuning_convergence.svg"] and len(skips) == 4,
+           f"plot.py with only a tuning log writes only tuning_convergence and skips 4 figures, saying why")
+
+    # The GPU files alone: only gpu_roofline.
+    out4 = tmp / "only_gpu"
+    r = run_plot([str(FIXTURES / "gpu_bench_synthetic.json"), str(FIXTURES / "torch_compare_synthetic.json")], out4)
+    written = sorted(p.stem for p in out4.iterdir()) if out4.is_dir() else []
+    expect(r.returncode == 0 and set(written) == {"gpu_roofline"} and "no generated kernel" in r.stdout,
+           "plot.py with only GPU benchmark and PyTorch JSON draws gpu_roofline and names the run without a kernel")
 
     # The benchmark JSON alone: no full shapes, so no speedup figure; the others are drawn.
     out3 = tmp / "only_bench"
@@ -152,7 +159,8 @@ def check_helpers() -> None:
     import plot
     res = plot.load_results(FIXTURES)
     kinds = sorted({k for _, k, _ in res.loaded})
-    expect(kinds == ["Google Benchmark", "sweep", "tune"], f"content detection finds all three kinds ({kinds})")
+    expect(kinds == ["Google Benchmark", "experiments/torch_compare.py", "kvouter_gpu_bench", "sweep", "tune"],
+           f"content detection finds all five kinds ({kinds})")
     rows = plot.speedup_rows(res)
     sweep = [m for m in res.ok_measurements() if m.source == "sweep"]
     r = rows[0]
@@ -171,6 +179,18 @@ def check_helpers() -> None:
                  and m.shape_name == "prefill")
     expect(bench.peak_gflops == 128.0 and bench.lo_ms is not None and bench.lo_ms < bench.median_ms < bench.hi_ms,
            "benchmark runs take the median, ±stddev and the context's fp32_peak_gflops")
+    gpu = plot.gpu_rows(res)
+    cuda = next(r for r in gpu if r["shape"] == "gpu-decode" and r["implementation"] == "vulkan_onepass@host-cuda")
+    gather = next(r for r in gpu if r["shape"] == "gpu-decode" and r["implementation"] == "torch gather")
+    expect(abs(cuda["pct_hbm"] - 100 * 1.0e9 / (cuda["median_ms"] * 1e-3) / 4.0e12) < 1e-9
+           and abs(gather["pct_fp32_peak"] - 100 * 8.0e9 / 3.0e-3 / 60.0e12) < 1e-9,
+           "GPU shares: K/V bytes / median / HBM; PyTorch takes the shape's work from the kvouter run")
+    decode = [r for r in gpu if r["shape"] == "gpu-decode"]
+    expect(not any(r["implementation"] in ("vulkan_tiled@host-vulkan", "torch flex", "vulkan_rows@host-cuda")
+                   for r in decode) and [r["median_ms"] for r in decode] == sorted(r["median_ms"] for r in decode)
+           and {r["variant"] for r in decode if r["implementation"] == "vulkan_onepass@host-vulkan"}
+           == {"rows_16_unroll_2", "rows_8_unroll_4"},
+           "GPU rows: failed checks, errors and missing kernels left out; variants apart; fastest first")
     series = plot.tuning_series(res)
     ok = all(all(t["best_so_far_ms"] == t["logged_best_ms"] for t in trials) for trials in series.values())
     expect(ok, "tuning best-so-far agrees with the log's best_ms")
