@@ -142,18 +142,19 @@ class GpuRun:
     kv_bytes: float | None = None   # K/V bytes the selection reads
     peak_tflops: float | None = None
     hbm_tbps: float | None = None
-    ok: bool = True                 # results agreed with the baseline it was checked against
+    ok: bool = True                 # no check against a baseline failed
+    checked: bool = True            # it was checked (a benchmark's first run is the others' reference)
     synthetic: bool = False
 
     @property
     def pct_peak(self) -> float | None:
-        if not self.flops or not self.peak_tflops:
+        if not self.flops or not self.peak_tflops or self.median_ms <= 0:
             return None
         return 100.0 * self.flops / (self.median_ms * 1e-3) / (self.peak_tflops * 1e12)
 
     @property
     def pct_hbm(self) -> float | None:
-        if not self.kv_bytes or not self.hbm_tbps:
+        if not self.kv_bytes or not self.hbm_tbps or self.median_ms <= 0:
             return None
         return 100.0 * self.kv_bytes / (self.median_ms * 1e-3) / (self.hbm_tbps * 1e12)
 
@@ -177,7 +178,7 @@ class Results:
     def summary(self) -> str:
         lines = [f"{f}: {n} {kind} record(s)" for f, kind, n in self.loaded]
         lines += [f"note: {n}" for n in self.notes]
-        bad = sum(not m.ok for m in self.measurements) + sum(not g.ok for g in self.gpu)
+        bad = sum(not m.ok for m in self.measurements)
         if bad:
             lines.append(f"note: {bad} record(s) with ok=false are left out of every table and figure")
         if self.synthetic:
@@ -298,15 +299,19 @@ def _load_gpu_bench(doc: dict, file: str, res: Results) -> int:
             name = f"{run.get('schedule', '?')}@{run.get('target', '?')}"
             ms = _opt_float(run.get("kernel_ms"))
             if ms is None:
-                res.notes.append(f"{file}: {shape} {name}: {run.get('error', 'no kernel time')}, left out")
+                res.notes.append(f"{file}: {shape} {name}: {str(run.get('error', 'no kernel time'))[:160]}, left out")
                 continue
-            checks = [v for k, v in run.items() if k.startswith("vs_") and isinstance(v, dict)]
-            res.gpu.append(GpuRun(file=file, device=device, shape=shape, impl=name,
-                                  variant=_variant_knobs(run.get("variant", ""), run.get("target", "")),
+            checks = {k: v for k, v in run.items() if k.startswith("vs_") and isinstance(v, dict)}
+            failed = [k for k, v in checks.items() if not v.get("within_tolerance", False)]
+            variant = _variant_knobs(run.get("variant", ""), run.get("target", ""))
+            if failed:
+                res.notes.append(f"{file}: {shape} {name}{' ' + variant if variant else ''}: differs "
+                                 f"({', '.join(failed)}), left out")
+            res.gpu.append(GpuRun(file=file, device=device, shape=shape, impl=name, variant=variant,
                                   median_ms=ms, ms_all=[float(x) for x in run.get("kernel_ms_all", [ms])],
                                   flops=_opt_float(run.get("flops")), kv_bytes=_opt_float(run.get("kv_bytes")),
-                                  peak_tflops=peak, hbm_tbps=hbm,
-                                  ok=all(c.get("within_tolerance", False) for c in checks), synthetic=synthetic))
+                                  peak_tflops=peak, hbm_tbps=hbm, ok=not failed, checked=bool(checks),
+                                  synthetic=synthetic))
             n += 1
     return n
 
@@ -316,16 +321,24 @@ def _load_torch_compare(doc: dict, file: str, res: Results) -> int:
     synthetic = bool(doc.get("synthetic", False))
     n = 0
     for shape_rec in doc.get("results", []):
+        shape = shape_rec.get("shape", "?")
         for impl in ("gather", "flex"):
             r = shape_rec.get(impl)
             ms = _opt_float(r.get("ms")) if isinstance(r, dict) else None
             if ms is None:
+                why = r.get("error", "no time") if isinstance(r, dict) else "absent"
+                res.notes.append(f"{file}: {shape} torch {impl}: {str(why)[:120]}, left out")
                 continue
-            diff = r.get("vs_kvouter", {})
-            ok = all(_opt_float(diff.get(k)) is not None and diff[k] < 1e-4 for k in ("max_out_diff", "max_lse_diff"))
-            res.gpu.append(GpuRun(file=file, device=device, shape=shape_rec.get("shape", "?"), impl=f"torch {impl}",
+            diff = r.get("vs_kvouter")
+            checked = isinstance(diff, dict)
+            # torch_compare.py's own tolerance for agreeing with kvouter's outputs.
+            ok = not checked or all(_opt_float(diff.get(k)) is not None and diff[k] < 1e-4
+                                    for k in ("max_out_diff", "max_lse_diff"))
+            if not ok:
+                res.notes.append(f"{file}: {shape} torch {impl}: differs from kvouter ({diff}), left out")
+            res.gpu.append(GpuRun(file=file, device=device, shape=shape, impl=f"torch {impl}",
                                   variant="", median_ms=ms, ms_all=[float(x) for x in r.get("ms_all", [ms])],
-                                  ok=ok, synthetic=synthetic))
+                                  ok=ok, checked=checked, synthetic=synthetic))
             n += 1
     return n
 
@@ -621,14 +634,16 @@ def gpu_rows(res: Results) -> list[dict]:
     for g in res.gpu:
         if not g.ok:
             continue
-        key = (g.shape, g.impl, g.variant)
+        key = (g.shape, g.device, g.impl, g.variant)
         if key not in best or g.median_ms < best[key].median_ms:
             best[key] = g
     rows = []
-    for (shape, impl, variant), g in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1].median_ms)):
+    devices = {g.device for g in best.values()}
+    for (shape, device, impl, variant), g in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1].median_ms)):
         metric, target = GPU_TARGETS.get(shape, ("pct_peak", None))
-        rows.append({"shape": shape, "implementation": impl, "variant": variant or "-", "median_ms": g.median_ms,
-                     "pct_fp32_peak": g.pct_peak, "pct_hbm": g.pct_hbm,
+        rows.append({"shape": shape, "implementation": impl + (f" ({device})" if len(devices) > 1 else ""),
+                     "variant": variant or "-", "median_ms": g.median_ms,
+                     "pct_fp32_peak": g.pct_peak, "pct_hbm": g.pct_hbm, "checked": g.checked,
                      "target": f"{target:g} % {'HBM' if metric == 'pct_hbm' else 'FP32'}" if target else "-",
                      "file": Path(g.file).name})
     return rows
@@ -860,6 +875,11 @@ def fig_gpu_roofline(res: Results) -> tuple[Figure | None, str]:
         metric, target = GPU_TARGETS.get(shape, ("pct_peak", None))
         key = "pct_hbm" if metric == "pct_hbm" else "pct_fp32_peak"
         sub = [r for r in rows if r["shape"] == shape and r[key] is not None]
+        if not sub:
+            ax.set_axis_off()
+            ax.set_title(f"{shape}: no run with a work count (a PyTorch file needs a kvouter run of the shape)",
+                         fontsize=9)
+            continue
         labels = [r["implementation"] + ("" if r["variant"] == "-" else f" {r['variant']}") for r in sub]
         colors = ["tab:gray" if r["implementation"].startswith("torch") else
                   "tab:green" if r["implementation"].endswith("@host-cuda") else "tab:blue" for r in sub]

@@ -82,12 +82,12 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
       return chunk <= shape.block_size && unroll == 4 && shared <= max_shared_bytes;
     }
     if (c.schedule == "vulkan_onepass") {
-      // Shared memory, at most (schedules/vulkan_onepass.cpp): query rows and P.V (rows x D),
-      // scores and weights (rows x block), the row statistics, and a slice of K of up to 4096
-      // floats (its rows padded by 4). The block is one chunk.
-      const uint64_t slice = std::min<uint64_t>(4096 + 4 * 32, (shape.block_size + 4) * std::min<uint64_t>(32, shape.D));
-      const uint64_t shared = 4 * (static_cast<uint64_t>(rows) * (2 * shape.D + 2 * shape.block_size + 2) + slice);
-      return chunk == 4096 && shared <= max_shared_bytes;
+      // The block is one chunk; the workgroup's shared memory as Halide allocates it
+      // (schedules/vulkan_onepass.cpp); rows past the tile's rows are the same program.
+      if (T > 0 && rows > T * shape.qhead) return false;
+      return chunk == 4096 && shape.block_size <= chunk &&
+             pipeline::vulkan_onepass_shared_bytes(int(rows), int(shape.D), int(shape.block_size)) <=
+                 static_cast<int64_t>(max_shared_bytes);
     }
     // The GEMM-stage schedules take the block as one chunk; rows x unroll register tile.
     return chunk == 4096 && rows * unroll <= 32;

@@ -2,6 +2,7 @@
 // schedules/registry.cpp; it then shows up in the CLI, the tests, the benchmarks and the sweeps.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,5 +47,10 @@ void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chu
 // The Vulkan forward's GEMM stages, each with workgroups of group_rows rows of a tile
 // (vulkan_tiled.cpp).
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);
+// vulkan_onepass: channels per staged slice of K (the largest divisor of D up to 32 and up to
+// 4096 / block floats), and the shared memory of one workgroup as Halide 21 allocates it
+// (vulkan_onepass.cpp); the tuner prunes with the latter.
+int vulkan_onepass_slice(int D, int block);
+int64_t vulkan_onepass_shared_bytes(int rows, int D, int block);
 
 }  // namespace kvouter::pipeline

@@ -58,12 +58,27 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
 
 }  // namespace
 
+int vulkan_onepass_slice(int D, int block) {
+  int DK = std::max(1, std::min({32, D, 4096 / std::max(1, block)}));
+  while (D % DK) --DK;
+  return DK;
+}
+
+// Per workgroup, in floats: scores and weights (rows x (block + 4) each), P.V and the query rows
+// (rows x D each), the two row statistics, the K slice ((block + 4) x DK), less what Halide 21
+// lets share (one rows x (block + 4) array and one statistic). Checked against the launch sizes
+// of the generated kernels: 3496, 4776, 7336 and 10448 floats at D 128 for (block, rows) = (32,
+// 8), (64, 8), (128, 8), (128, 16).
+int64_t vulkan_onepass_shared_bytes(int rows, int D, int block) {
+  const int64_t C4 = block + 4;
+  return 4 * (int64_t(rows) * (2 * D + C4 + 1) + C4 * vulkan_onepass_slice(D, block));
+}
+
 void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   vulkan_require_static(f, "vulkan_onepass", true);
   const int D = f.static_D, C = f.static_C;
-  // Shared memory is at most 4 x (2 rows (D + C) + (C + 4) DK) bytes (Halide reuses some of it:
-  // 41 KiB at D 128, block 128, rows 16); a workgroup past the device's limit is the runtime's
-  // clear error, and the tuner keeps to the limit (experiments/tuner.cpp).
+  // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A
+  // workgroup past the device's limit is the runtime's clear error; the tuner keeps within it.
   const int R = std::max(1, std::min(k.rows, f.static_rows));
   const int RX = std::max(1, std::min(k.unroll, 8));
   const int RY = std::max(1, std::min(RX, R));
@@ -112,8 +127,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // K rows are 512 bytes apart): ncu on the H200 (CUDA target) had the kernel at 3.4 ms on
   // gpu-decode with 7 % of DRAM bandwidth.
   {
-    int DK = std::max(1, std::min({32, D, 4096 / std::max(1, C)}));
-    while (D % DK) --DK;
+    const int DK = vulkan_onepass_slice(D, C);
     RVar rdo("rdo"), rdi("rdi");
     Var u("u");
     f.s.update().split(f.rd.x, rdo, rdi, DK);

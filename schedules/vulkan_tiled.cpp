@@ -1,17 +1,19 @@
-// The Vulkan forward as three register-tiled GEMM stages per tile (the shape of Halide's
+// The Vulkan forward as register-tiled GEMM stages per tile (the shape of Halide's
 // apps/cuda_mat_mul: each thread accumulates a small output tile in registers, its inputs read
-// through the caches), with the block processed as one chunk:
-//   scores  s(p, row)   = scale q[row] . k[p]        rows x C over D    (kernel 1)
-//   stats   cmax, csum  per row over the block's C positions              (kernels 2, 3)
-//   P.V     cpv(d, row) = sum_p exp(s - cmax) v[p][d]   D x rows over C  (kernel 4)
-//   output  [o | m | l] per (channel, row)                                (kernel 5)
+// through the caches), with the block processed as one chunk; seven kernels:
+//   K copy  the block's K, transposed                                     (kernel 1)
+//   scores  s(p, row)   = scale q[row] . k[p]        rows x C over D    (kernel 2)
+//   stats   cmax, csum  per row over the block's C positions              (kernels 3, 6)
+//   weights pexp = exp(s - cmax) where attended                           (kernel 4)
+//   P.V     cpv(d, row) = sum_p pexp v[p][d]          D x rows over C  (kernel 5)
+//   output  [o | m | l] per (channel, row)                                (kernel 7)
 // Scores and P.V pass through device memory (sized like the partials; the runtime's query
 // batches keep each within one storage buffer). Why not one fused kernel with the K/V chunk in
 // shared memory: Halide 21 sizes a per-thread register state that lives across a chunk loop
 // lifted out of the thread loops to the whole tile (50 KB per thread at D 128), which the NVIDIA
 // driver rejects ("failed to validate local memory") - measured on the H200, see README.
 // Knobs: rows (register rows per thread), unroll (register columns per thread); chunk must
-// cover the block (the registry passes 256; a chunk smaller than the block is rejected).
+// cover the block (the registry passes 4096; a chunk smaller than the block is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
 // Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): host-vulkan

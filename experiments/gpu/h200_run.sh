@@ -23,7 +23,8 @@ done
 export LD_LIBRARY_PATH=/tmp/kvlib
 BIN=/tmp/kvbin
 mkdir -p $BIN
-for f in .carry/bin/*.xz; do b=$BIN/$(basename "$f" .xz); [ -x "$b" ] || { xz -dc "$f" > "$b" && chmod +x "$b"; }; done
+# Always unpacked: a machine still warm from an earlier call must not run an earlier build.
+for f in .carry/bin/*.xz; do b=$BIN/$(basename "$f" .xz); xz -dc "$f" > "$b.new" && chmod +x "$b.new" && mv "$b.new" "$b"; done
 for step in "$@"; do
   case $step in
     env)

@@ -6,7 +6,8 @@ README limit 9) and the global loads, in and out of loops.
     python3 experiments/gpu/spirv_dis.py build/generators/kvouter_vulkan_onepass_..._fwd.stmt [--out K.spvasm]
 
 The .stmt file (written beside every generated kernel) holds the module as Halide's runtime loads
-it: a header (entry points, descriptor-set layout), then one SPIR-V module, then the host code. Needs `spirv-dis`
+it: a header (entry points, descriptor-set layout), then one SPIR-V module per kernel, then the
+host code. Needs `spirv-dis`
 (Debian's spirv-tools, installed by `make setup`). Exits 2 with a clear line on any bad input.
 """
 from __future__ import annotations
@@ -63,7 +64,10 @@ def summarize(asm: str) -> str:
     lines = asm.splitlines()
     # Global (storage buffer) loads: loads through an access chain into a Uniform/StorageBuffer
     # pointer. A loop is the span from its OpLoopMerge to its merge label.
-    chains = {m.group(1) for m in re.finditer(r"(%\w+) = OpInBoundsAccessChain %_ptr_(?:Uniform|StorageBuffer)_", asm)}
+    # Reads of the kernel's scalar arguments (a uniform block, `*_args_var`) are not data loads.
+    chains = {m.group(1) for m in re.finditer(
+        r"(%\w+) = OpInBoundsAccessChain %_ptr_(?:Uniform|StorageBuffer)_\w+ (%\w+)", asm)
+        if not m.group(2).endswith("_args_var")}
     depth, in_loop, out_loop, merges = 0, 0, 0, []
     for line in lines:
         m = re.search(r"OpLoopMerge (%\w+)", line)
@@ -93,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("stmt", type=Path, help="a generated kernel's .stmt file (host-vulkan)")
     ap.add_argument("--out", type=Path, help="write the disassembly here (default: not kept)")
     args = ap.parse_args(argv)
-    dis = shutil.which("spirv-dis")
-    if dis is None:
-        print("spirv_dis: spirv-dis not found (apt install spirv-tools)", file=sys.stderr)
-        return 2
     try:
         modules = extract_spirv(args.stmt.read_bytes())
     except (OSError, ValueError) as e:
         print(f"spirv_dis: {args.stmt}: {e}", file=sys.stderr)
+        return 2
+    dis = shutil.which("spirv-dis")
+    if dis is None:
+        print("spirv_dis: spirv-dis not found (apt install spirv-tools)", file=sys.stderr)
         return 2
     asm = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text)
     names = re.findall(r'OpEntryPoint GLCompute %\w+ "(\w+)"', text)
-    print(f"{args.stmt.name}: {len(modules)} kernel(s), {sum(map(len, modules))} bytes of SPIR-V: {', '.join(names)}")
+    print(f"{args.stmt.name}: {len(names)} kernel(s) in {len(modules)} module(s), "
+          f"{sum(map(len, modules))} bytes of SPIR-V: {', '.join(names)}")
     print(summarize(text))
     return 0
 

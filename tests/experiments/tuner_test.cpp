@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "case_gen.h"
+#include "schedules.h"
 #include "tuner.h"
 
 namespace kvouter::experiments {
@@ -58,13 +59,25 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan"));
   EXPECT_TRUE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "8", "2"), s, "host-vulkan"));  // a knob it ignores
-  // vulkan_onepass's at D 128, block 64 (K slice 8.5 KiB): rows 8 is 20.6 KiB, rows 16 is
-  // 32.6 KiB (the H200's 48 KiB only), rows 32 is 56.8 KiB (fits neither).
-  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "8", "8"), s, "host-vulkan"));
-  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
-  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan", 48 * 1024));
+  // vulkan_onepass's at D 128, block 64 (schedules/vulkan_onepass.cpp): rows 16 is 28.8 KiB,
+  // rows 32 is 49.1 KiB (fits neither); at block 128, rows 16 is 40.8 KiB (the H200 only).
+  EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(16, 128, 128), 4 * 10448);  // as Halide allocated it
+  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
   EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "32", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_onepass", "64", "8", "4"), s, "host-vulkan"));  // the block must be one chunk
+  ShapeClass g = s;
+  g.block_size = 128;
+  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "16", "4"), g, "host-vulkan"));
+  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "4"), g, "host-vulkan", 48 * 1024));
+  // Rows past the tile's (T x qhead = 8) rows would be the same program.
+  ShapeClass dec = s;
+  dec.decode = true;
+  auto decode_rows = [](const char* rows) {
+    return Candidate{"vulkan_onepass", {{"T", "1"}, {"chunk", "4096"}, {"rows", rows}, {"unroll", "4"}}};
+  };
+  ASSERT_EQ(dec.qhead, 8);
+  EXPECT_TRUE(keep(decode_rows("8"), dec, "host-vulkan"));
+  EXPECT_FALSE(keep(decode_rows("16"), dec, "host-vulkan"));
   std::set<std::string> keys, schedules;
   for (const auto& cand : tuning_space(s, "host-vulkan")) {
     EXPECT_TRUE(keys.insert(cand.key()).second) << "duplicate " << cand.key();
