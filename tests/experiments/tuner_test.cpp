@@ -2,9 +2,13 @@
 // database, resuming, and the database look-up the CLI's default choice uses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 #include <set>
+#include <string>
 #include <unistd.h>
 
 #include "case_gen.h"
@@ -41,6 +45,29 @@ TEST(Tuner, KeepFiltersTheSpace) {
   EXPECT_TRUE(keys.count("auto_adams2019"));
   EXPECT_TRUE(keys.count("cpu_tiled,T=16,chunk=64,rows=4,unroll=4"));
   EXPECT_GT(space.size(), 20u);
+}
+
+// Every generated vulkan_onepass kernel: the shared memory its launch asks for (in its .stmt,
+// beside it) against the estimate keep() prunes with.
+TEST(Tuner, OnepassSharedMemoryIsWhatHalideAllocates) {
+  const std::regex name(R"(kvouter_vulkan_onepass_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+).*_fwd\.stmt)");
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
+    const std::string file = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(file, m, name)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t run = text.find("halide_vulkan_run(");
+    ASSERT_NE(run, std::string::npos) << file;
+    const size_t size = text.find(", 0 + (", run);
+    ASSERT_NE(size, std::string::npos) << file;
+    const long floats = std::stol(text.substr(size + 7));
+    const int D = std::stoi(m[1]), block = std::stoi(m[2]), rows = std::min(std::stoi(m[5]), std::stoi(m[3]) * std::stoi(m[4]));
+    EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(rows, D, block), 4 * floats) << file;
+    ++checked;
+  }
+  EXPECT_GE(checked, 6) << "the generated vulkan_onepass kernels in " << KVOUTER_GENERATED_DIR;
 }
 
 TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
