@@ -19,10 +19,12 @@
 // unroll rows per thread). The block must be one chunk (the registry passes chunk 4096).
 // Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): on host-cuda
 // gpu-decode 0.90 ms = 24.7 % of HBM bandwidth (target 60 %: not met; PyTorch gather 3.20 ms in
-// the same session), gpu-prefill 199 ms = 15.5 % of FP32 peak (target 20 %, <= 155 ms: not met);
-// the fastest kvouter kernels there. On host-vulkan 5.56 ms (rows 16, unroll 2) and 1142 ms:
-// the same kernel 6x slower through Halide's SPIR-V. ncu (decode): K/V read exactly once, 22 %
-// of DRAM bandwidth, 30 % of warps active (shared memory allows 5 workgroups per SM).
+// the same session), gpu-prefill 199 ms = 15.5 % of FP32 peak (target 20 %, <= 155 ms: not met;
+// measured before the score reduction was unrolled by four);
+// the fastest kvouter kernels there. On host-vulkan 5.56 ms (rows 16, unroll 2) and 1142 ms (the
+// latter before the unroll): the forward 6x slower than on CUDA for each target's fastest
+// variant, 8.4x for the same one, through Halide's SPIR-V (README). ncu (decode): K/V read
+// exactly once, 22 % of DRAM bandwidth, 30 % of warps active (5 workgroups per SM).
 #include <algorithm>
 
 #include "schedules.h"
