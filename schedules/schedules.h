@@ -47,6 +47,12 @@ void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chu
 // The Vulkan forward's GEMM stages, each with workgroups of group_rows rows of a tile
 // (vulkan_tiled.cpp).
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);
+// A register-tiled reduction: `acc` computed at `at` (a thread loop) in registers, its pure
+// dimensions x and row unrolled, the reduction r outermost, and `step` of its r_extent steps per
+// iteration unrolled where step divides r_extent (step 1: none). Halide's SPIR-V marks every
+// loop DontUnroll, so this is the only unrolling a Vulkan kernel gets (vulkan_tiled.cpp).
+void register_accumulator(Halide::Func acc, const Halide::LoopLevel& at, Halide::Var x, Halide::Var row,
+                          Halide::RVar r, int r_extent, int step);
 // vulkan_onepass: channels per staged slice of K (the largest divisor of D up to 32 and up to
 // 4096 / block floats), and the shared memory of one workgroup as Halide 21 allocates it
 // (vulkan_onepass.cpp); the tuner prunes with the latter.

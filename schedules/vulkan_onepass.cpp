@@ -48,14 +48,8 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
       .gpu_threads(xo, ro)
       .unroll(xi)
       .unroll(ri);
-  acc.compute_at(stage, xo).store_in(MemoryType::Register).unroll(x).unroll(row);
-  Stage u = acc.update();
-  u.reorder(x, row, r).unroll(x).unroll(row);
   // Four steps of the reduction per iteration: more loads in flight per thread.
-  if (r_extent % 4 == 0) {
-    RVar ro4("ro4"), ri4("ri4");
-    u.split(r, ro4, ri4, 4).reorder(x, row, ri4, ro4).unroll(ri4);
-  }
+  register_accumulator(acc, LoopLevel(stage, xo), x, row, r, r_extent, 4);
 }
 
 }  // namespace
@@ -141,14 +135,9 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
     f.s.update()
         .split(f.p, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
         .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uxi).unroll(uri);
-    part.compute_at(f.s, uxo).store_in(MemoryType::Register).unroll(f.p).unroll(f.row);
-    part.update().reorder(f.p, f.row, rdi).unroll(f.p).unroll(f.row);
-    // Four channels per iteration, unrolled by Halide: Halide's SPIR-V marks every loop
-    // DontUnroll (README limit 9), so without this the Vulkan kernel waits on each step's loads.
-    if (DK % 4 == 0) {
-      RVar r4o("r4o"), r4i("r4i");
-      part.update().split(rdi, r4o, r4i, 4).reorder(f.p, f.row, r4i, r4o).unroll(r4i);
-    }
+    // Four channels per iteration (README limit 9: without it the Vulkan kernel waits on each
+    // step's loads).
+    register_accumulator(part, LoopLevel(f.s, uxo), f.p, f.row, rdi, DK, 4);
     // The slice: threads along d (32 or DK), positions innermost in storage (the score threads
     // then read unroll consecutive words), rows padded by 4 words against bank conflicts.
     Var pz("pz"), py("py");

@@ -41,6 +41,16 @@ void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chu
   }
 }
 
+void register_accumulator(Func acc, const LoopLevel& at, Var x, Var row, RVar r, int r_extent, int step) {
+  acc.compute_at(at).store_in(MemoryType::Register).unroll(x).unroll(row);
+  Stage u = acc.update();
+  u.reorder(x, row, r).unroll(x).unroll(row);
+  if (step > 1 && r_extent % step == 0) {
+    RVar ro("r_o"), ri("r_i");
+    u.split(r, ro, ri, step).reorder(x, row, ri, ro).unroll(ri);
+  }
+}
+
 namespace {
 
 // A register-tiled GEMM stage: `stage` (a wrapper, computed at root) over (x, row, tile) with
@@ -62,8 +72,7 @@ void gemm_stage(Func stage, Func acc, Var x, Var row, Var c, Var tile, int exten
       .gpu_threads(xo, ro)
       .unroll(xi)
       .unroll(ri);
-  acc.compute_at(stage, xo).store_in(MemoryType::Register).unroll(x).unroll(row);
-  acc.update().reorder(x, row, r).unroll(x).unroll(row);
+  register_accumulator(acc, LoopLevel(stage, xo), x, row, r, 0, 1);
 }
 
 // An element-wise stage over (a, b, c, tile) at root: fa x fb threads per workgroup.
