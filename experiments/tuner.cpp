@@ -86,7 +86,8 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
       // (schedules/vulkan_onepass.cpp); rows past the tile's rows are the same program.
       if (T > 0 && rows > T * shape.qhead) return false;
       return chunk == 4096 && shape.block_size <= chunk &&
-             pipeline::vulkan_onepass_shared_bytes(int(rows), int(shape.D), int(shape.block_size)) <=
+             pipeline::vulkan_onepass_shared_bytes(int(rows), int(shape.D), int(shape.block_size),
+                                                  c.knobs.count("slice") ? int(std::stol(c.knobs.at("slice"))) : 0) <=
                  static_cast<int64_t>(max_shared_bytes);
     }
     // The GEMM-stage schedules take the block as one chunk; rows x unroll register tile.

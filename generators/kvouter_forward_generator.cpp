@@ -29,6 +29,7 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> rows{"rows", 4};
   GeneratorParam<int> unroll{"unroll", 4};
   GeneratorParam<int> grain{"grain", 1};
+  GeneratorParam<int> slice{"slice", 0};
   // Estimates for the autoschedulers (default: the prefill shape). Autoscheduled twins are
   // compiled with the real extents, so their splits never exceed an output's extent.
   GeneratorParam<int> est_tq{"est_tq", 2048};
@@ -158,7 +159,7 @@ class KvouterForward : public Generator<KvouterForward> {
       throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
                          "' is not a manual forward schedule");
     }
-    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain)};
+    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain), int(slice)};
     info->forward(f, k, get_target());
   }
 };

@@ -17,6 +17,7 @@ struct Knobs {
   int rows = 4;     // register-tile rows (edge x head-lane rows per inner tile)
   int unroll = 4;   // vectors per register-tile row (positions or D)
   int grain = 1;    // tiles per parallel task
+  int slice = 0;    // channels of K staged per step (vulkan_onepass; 0 = the schedule's choice)
 };
 
 // kvouter_forward: per tile, per chunk c of the block

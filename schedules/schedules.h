@@ -53,10 +53,11 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);
 // loop DontUnroll, so this is the only unrolling a Vulkan kernel gets (vulkan_tiled.cpp).
 void register_accumulator(Halide::Func acc, const Halide::LoopLevel& at, Halide::Var x, Halide::Var row,
                           Halide::RVar r, int r_extent, int step);
-// vulkan_onepass: channels per staged slice of K (the largest divisor of D up to 32 and up to
-// 4096 / block floats), and the shared memory of one workgroup as Halide 21 allocates it
-// (vulkan_onepass.cpp); the tuner prunes with the latter.
-int vulkan_onepass_slice(int D, int block);
-int64_t vulkan_onepass_shared_bytes(int rows, int D, int block);
+// vulkan_onepass: channels per staged slice of K (knob slice, at most D; 0 = the largest divisor
+// of D up to 32 and up to 4096 / block floats; a slice not dividing D is lowered to one that does),
+// and the shared memory of one workgroup as Halide 21 allocates it (vulkan_onepass.cpp); the
+// tuner prunes with the latter.
+int vulkan_onepass_slice(int D, int block, int slice = 0);
+int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice = 0);
 
 }  // namespace kvouter::pipeline

@@ -15,16 +15,20 @@
 // and every per-call intermediate the Halide 21 Vulkan runtime allocates and clears (README
 // limit 10). Compared with vulkan_fused there is no chunk loop, so no online state across it
 // (README limit 4). The cost: scores and weights of the whole block live in shared memory.
-// Knobs: rows (rows per workgroup), unroll (register tile edge: unroll positions or channels by
-// unroll rows per thread). The block must be one chunk (the registry passes chunk 4096).
-// Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): on host-cuda
-// gpu-decode 0.90 ms = 24.7 % of HBM bandwidth (target 60 %: not met; PyTorch gather 3.20 ms in
-// the same session), gpu-prefill 199 ms = 15.5 % of FP32 peak (target 20 %, <= 155 ms: not met;
-// measured before the score reduction was unrolled by four);
-// the fastest kvouter kernels there. On host-vulkan 5.56 ms (rows 16, unroll 2) and 1142 ms (the
-// latter before the unroll): the forward 6x slower than on CUDA for each target's fastest
-// variant, 8.4x for the same one, through Halide's SPIR-V (README). ncu (decode): K/V read
-// exactly once, 22 % of DRAM bandwidth, 30 % of warps active (5 workgroups per SM).
+// The block must be one chunk (the registry passes chunk 4096).
+// Knobs: rows (rows per workgroup), unroll (register tile edge), vec (the tile's vector width),
+// slice (K channels staged per step).
+// Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)", session 6,
+// experiments/results/gpu/gpu_bench_*_vec*.json): on host-cuda (rows 16, unroll 4, 4-wide)
+// gpu-decode 0.84-0.85 ms = 26.3 % of HBM bandwidth (target 60 %: not met; 0.90 ms scalar in the
+// same run), gpu-prefill 177 ms = 17.4 % of FP32 peak (target 20 %, <= 155 ms: not met; 191 ms
+// scalar in the same run); the fastest kvouter kernels there. On host-vulkan (rows 16, unroll 2,
+// 2-wide) gpu-decode 5.5-5.7 ms = 4 % of HBM, gpu-prefill 916 ms = 3.4 %. The NVIDIA Vulkan
+// driver gives these kernels 64 (unroll 2) to 157 (unroll 4, scalar) registers per thread
+// (vk_pipeline_stats) where ptxas gives the CUDA twin 56, and larger register tiles are slower
+// on Vulkan (unroll 4: 9.0 ms; rows 8: 28 ms) while they are faster on CUDA. Fewer K channels per
+// slice (slice 16 / 8: 33 / 29 KiB of shared memory instead of 41) changed neither target beyond
+// noise. ncu (decode, CUDA): K/V read exactly once, 22 % of DRAM bandwidth, 30 % of warps active.
 #include <algorithm>
 
 #include "schedules.h"
@@ -35,10 +39,22 @@ using namespace Halide;
 
 namespace {
 
+// The RX outputs of a register tile along x: V-wide vectors (V divides RX; 1 = unrolled scalars).
+void unroll_or_vectorize(Stage st, VarOrRVar x, int RX, int V) {
+  if (V <= 1) {
+    st.unroll(x);
+  } else if (V == RX) {
+    st.vectorize(x);
+  } else {
+    Var xv("xv"), xu("xu");
+    st.split(x, xu, xv, V).reorder(xv, xu).vectorize(xv).unroll(xu);
+  }
+}
+
 // A register-tiled GEMM stage at the workgroup level: `stage` (a wrapper, in shared memory) over
 // (x, row), RX x RY outputs per thread, `acc` (its reduction over r) in registers.
 void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel at, int RX, int RY, RVar r,
-                int r_extent) {
+                int r_extent, int V) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   Var xo("xo"), xi("xi"), ro("ro"), ri("ri");
   stage.compute_at(at).store_in(MemoryType::GPUShared)
@@ -46,16 +62,21 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
       .split(row, ro, ri, RY, guard)
       .reorder(xi, ri, xo, ro, c, tile)
       .gpu_threads(xo, ro)
-      .unroll(xi)
       .unroll(ri);
+  unroll_or_vectorize(stage, xi, RX, V);
   // Four steps of the reduction per iteration: more loads in flight per thread.
   register_accumulator(acc, LoopLevel(stage, xo), x, row, r, r_extent, 4);
+  if (V > 1) {
+    unroll_or_vectorize(acc, x, RX, V);
+    unroll_or_vectorize(acc.update(), x, RX, V);
+  }
 }
 
 }  // namespace
 
-int vulkan_onepass_slice(int D, int block) {
-  int DK = std::max(1, std::min({32, D, 4096 / std::max(1, block)}));
+int vulkan_onepass_slice(int D, int block, int slice) {
+  // 0: the automatic choice, up to 32 channels and a 16 KiB slice; otherwise the knob, at most D.
+  int DK = slice > 0 ? std::min(slice, D) : std::max(1, std::min({32, D, 4096 / std::max(1, block)}));
   while (D % DK) --DK;
   return DK;
 }
@@ -65,12 +86,16 @@ int vulkan_onepass_slice(int D, int block) {
 // lets share (one rows x (block + 4) array and one statistic). Checked against the launch sizes
 // of the generated kernels: 3496, 4776, 7336 and 10448 floats at D 128 for (block, rows) = (32,
 // 8), (64, 8), (128, 8), (128, 16).
-int64_t vulkan_onepass_shared_bytes(int rows, int D, int block) {
+// With a slice of fewer channels than the group has rows, Halide 21 packs them differently and
+// 4 x rows floats more are allocated (fitted to the generated kernels: rows 4 to 16, slices 2 to
+// 32; Tuner.OnepassSharedMemoryIsWhatHalideAllocates checks every generated one).
+int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice) {
   const int64_t C4 = block + 4;
-  return 4 * (int64_t(rows) * (2 * D + C4 + 1) + C4 * vulkan_onepass_slice(D, block));
+  const int DK = vulkan_onepass_slice(D, block, slice);
+  return 4 * (int64_t(rows) * (2 * D + C4 + 1) + C4 * DK + (DK < rows ? 4 * int64_t(rows) : 0));
 }
 
-void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
   vulkan_require_static(f, "vulkan_onepass", true);
   const int D = f.static_D, C = f.static_C;
   // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A
@@ -78,6 +103,22 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const int R = std::max(1, std::min(k.rows, f.static_rows));
   const int RX = std::max(1, std::min(k.unroll, 8));
   const int RY = std::max(1, std::min(RX, R));
+  // vec: the register tile's RX positions (scores) or channels (P.V) as V-wide vectors, so that
+  // its K-slice reads from shared memory and its V reads from the pages are V-wide loads, and the
+  // K-slice staging loop unrolled by every thread of the workgroup; vec 1 is the scalar kernel.
+  // The knob's default (16) means min(4, unroll) on CUDA and min(2, unroll) on Vulkan. Measured on
+  // the H200 (AOT, warm clocks, kvouter_gpu_bench; experiments/results/gpu/gpu_bench_*_vec*.json):
+  // on CUDA, 4-wide against scalar took gpu-decode's forward from 0.85 to 0.79 ms and
+  // gpu-prefill's from 183 to 170 ms; on Vulkan, 2-wide took gpu-decode's (rows 16, unroll 2) from
+  // 5.15-5.34 to 4.94-5.08 ms, but 4-wide took gpu-prefill's (unroll 4) from 1134 to 1572 ms.
+  // Halide's SPIR-V builds each vector from scalar loads (OpCompositeConstruct) and takes it
+  // apart again (OpCompositeExtract).
+  // Only where the register tiles cover the block and D exactly: a guarded partial tile's vector
+  // would read past the pages (Halide then rejects the input's bounds).
+  const int automatic = target.has_feature(Target::Vulkan) ? 2 : 4;
+  const int want = k.vec >= 16 ? automatic : std::max(1, k.vec);
+  int V = C % RX == 0 && D % RX == 0 ? std::min({want, RX, 4}) : 1;  // <= 4 wide (notes)
+  while (RX % V) --V;
   const int TX = 32;  // threads along channels or positions in the element-wise stages
   const int NY = (R + RY - 1) / RY;  // thread rows of every stage
   // The workgroup is as wide as its widest stage: the GEMMs' C / RX or D / RX threads, TX, or
@@ -123,7 +164,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // K rows are 512 bytes apart): ncu on the H200 (CUDA target) had the kernel at 3.4 ms on
   // gpu-decode with 7 % of DRAM bandwidth.
   {
-    const int DK = vulkan_onepass_slice(D, C);
+    const int DK = vulkan_onepass_slice(D, C, k.slice);
     RVar rdo("rdo"), rdi("rdi");
     Var u("u");
     f.s.update().split(f.rd.x, rdo, rdi, DK);
@@ -134,19 +175,38 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
         .reorder(xi, ri, xo, ro, f.c, f.tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
     f.s.update()
         .split(f.p, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
-        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uxi).unroll(uri);
+        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uri);
+    unroll_or_vectorize(f.s.update(), uxi, RX, V);
     // Four channels per iteration (README limit 9: without it the Vulkan kernel waits on each
     // step's loads).
     register_accumulator(part, LoopLevel(f.s, uxo), f.p, f.row, rdi, DK, 4);
-    // The slice: threads along d (32 or DK), positions innermost in storage (the score threads
-    // then read unroll consecutive words), rows padded by 4 words against bank conflicts.
-    Var pz("pz"), py("py");
-    const int TY = NY;  // the other stages' thread rows (more would widen the workgroup)
+    if (V > 1) {
+      unroll_or_vectorize(part, f.p, RX, V);
+      unroll_or_vectorize(part.update(), f.p, RX, V);
+    }
+    // The slice: positions innermost in storage (the score threads then read unroll
+    // consecutive words), rows padded by 4 words against bank conflicts (and kept 16-byte
+    // aligned for vector reads). Loaded along d (coalesced).
     f.kf.compute_at(f.s, rdo).store_in(MemoryType::GPUShared)
-        .reorder_storage(f.p, f.d, f.c, f.tile).bound_storage(f.p, C + 4)
-        .split(f.p, pz, py, TY, guard)
-        .reorder(pz, f.d, py, f.c, f.tile)
-        .gpu_threads(f.d, py);
+        .reorder_storage(f.p, f.d, f.c, f.tile).bound_storage(f.p, C + 4);
+    if (V > 1) {
+      // By every thread of the workgroup, (d, p) fused with d innermost, the loop over the
+      // slice's rest unrolled: all of a thread's loads are issued before its first store (the
+      // Vulkan kernel otherwise waits on each load: every SPIR-V loop is DontUnroll, README
+      // limit 9).
+      Var dp("dp"), fo("kfo"), fi("kfi"), foo("kfoo"), foi("kfoi");
+      f.kf.fuse(f.d, f.p, dp)
+          .split(dp, fo, fi, NX, guard)
+          .split(fo, foo, foi, NY, guard)
+          .reorder(fi, foi, foo, f.c, f.tile)
+          .gpu_threads(fi, foi)
+          .unroll(foo);
+    } else {
+      // vec 1: threads along d (DK of them) by the other stages' thread rows, a serial loop
+      // over the positions.
+      Var pz("pz"), py("py");
+      f.kf.split(f.p, pz, py, NY, guard).reorder(pz, f.d, py, f.c, f.tile).gpu_threads(f.d, py);
+    }
   }
   for (Func* stat : {&f.cmax, &f.csum}) {
     Func w = stat->in();
@@ -171,7 +231,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   }
   // P.V, then read by the output threads.
   Func cw = f.cpv.in();
-  block_gemm(cw, f.cpv, f.d, f.row, f.c, f.tile, group, RX, RY, f.rp.x, C);
+  block_gemm(cw, f.cpv, f.d, f.row, f.c, f.tile, group, RX, RY, f.rp.x, C, V);
 }
 
 }  // namespace kvouter::pipeline

@@ -3,9 +3,10 @@
 # carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
 # same inputs. Carried (built here by `make gpu-carry`; add kvouter to CARRY_BINS for `sweep`):
 #   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)
-#   .carry/bin/{kvouter_gpu_bench,vulkan_test[,kvouter]}.xz   portable builds (unpacked to /tmp/kvbin)
+#   .carry/bin/{kvouter_gpu_bench,vulkan_test,vk_pipeline_stats[,kvouter]}.xz   portable builds (unpacked to /tmp/kvbin)
+#   .carry/spv/*.spv             the GPU-shape Vulkan kernels' SPIR-V (for the vkstats step)
 #   .carry/lib/{libHalide.so.xz,libautoschedule_*.so,libgomp.so.1,libyaml-cpp.so.0.7}
-# Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench torch sweep)
+# Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench vkstats torch sweep)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/kvlib /tmp/xdg
@@ -40,6 +41,10 @@ for step in "$@"; do
         > "$OUT/${BENCH_JSON:-gpu_bench.json}.clocks.csv" 2>&1 & smi=$!
       timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null
       kill $smi ;;
+    vkstats)
+      # The driver's statistics (registers, memory) of the carried kernels' SPIR-V (.carry/spv,
+      # written by make gpu-carry), the Vulkan counterpart of ptxas -v.
+      $BIN/vk_pipeline_stats .carry/spv/*.spv 2>&1 | tee "$OUT/vk_pipeline_stats.txt" | tail -40 ;;
     torch)
       PYTHONUNBUFFERED=1 timeout ${TORCH_TIMEOUT:-420} python3 experiments/torch_compare.py /tmp/cases --json "$OUT/torch_compare.json" ${TORCH_ARGS:-} ;;
     sweep)

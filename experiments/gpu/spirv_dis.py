@@ -4,6 +4,7 @@ for speed on a GPU: the instructions by opcode, the loops (all `DontUnroll` in H
 README limit 9) and the global loads, in and out of loops.
 
     python3 experiments/gpu/spirv_dis.py build/generators/kvouter_vulkan_onepass_..._fwd.stmt [--out K.spvasm]
+                                         [--spv-dir DIR]
 
 The .stmt file (written beside every generated kernel) holds the module as Halide's runtime loads
 it: a header (entry points, descriptor-set layout), then one SPIR-V module per kernel, then the
@@ -96,12 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stmt", type=Path, help="a generated kernel's .stmt file (host-vulkan)")
     ap.add_argument("--out", type=Path, help="write the disassembly here (default: not kept)")
+    ap.add_argument("--spv-dir", type=Path,
+                    help="also write each module as DIR/<stmt name>.k<i>.spv (for vk_pipeline_stats)")
     args = ap.parse_args(argv)
     try:
         modules = extract_spirv(args.stmt.read_bytes())
     except (OSError, ValueError) as e:
         print(f"spirv_dis: {args.stmt}: {e}", file=sys.stderr)
         return 2
+    if args.spv_dir:
+        args.spv_dir.mkdir(parents=True, exist_ok=True)
+        for i, module in enumerate(modules):
+            (args.spv_dir / f"{args.stmt.stem}.k{i}.spv").write_bytes(module)
     dis = shutil.which("spirv-dis")
     if dis is None:
         print("spirv_dis: spirv-dis not found (apt install spirv-tools)", file=sys.stderr)

@@ -260,13 +260,13 @@ std::string Specialization::str() const {
 }
 
 const std::vector<std::string>& knob_names() {
-  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain"};
+  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "slice"};
   return names;
 }
 
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
   std::map<std::string, std::string> k = {{"T", "0"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
-                                          {"unroll", "4"}, {"grain", "1"}};
+                                          {"unroll", "4"}, {"grain", "1"}, {"slice", "0"}};
   for (const auto& [name, value] : params) {
     if (!k.count(name)) {
       std::string known;
@@ -281,7 +281,7 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
     } catch (...) {
       v = 0;
     }
-    const long lowest = name == "T" ? 0 : 1;  // T = 0: chosen by the planner
+    const long lowest = name == "T" || name == "slice" ? 0 : 1;  // 0: chosen by the planner / schedule
     if (value.empty() || v < lowest || v > 4096 || (v == 0 && value != "0")) {
       throw BackendError("--param " + name + ": expected an integer in [" + std::to_string(lowest) +
                          ", 4096], got '" + value + "'");

@@ -50,7 +50,8 @@ TEST(Tuner, KeepFiltersTheSpace) {
 // Every generated vulkan_onepass kernel: the shared memory its launch asks for (in its .stmt,
 // beside it) against the estimate keep() prunes with.
 TEST(Tuner, OnepassSharedMemoryIsWhatHalideAllocates) {
-  const std::regex name(R"(kvouter_vulkan_onepass_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+).*_fwd\.stmt)");
+  const std::regex name(
+      R"(kvouter_vulkan_onepass_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+)(?:_unroll_\d+)?(?:_vec_\d+)?(?:_slice_(\d+))?_fwd\.stmt)");
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
     const std::string file = entry.path().filename().string();
@@ -64,7 +65,8 @@ TEST(Tuner, OnepassSharedMemoryIsWhatHalideAllocates) {
     ASSERT_NE(size, std::string::npos) << file;
     const long floats = std::stol(text.substr(size + 7));
     const int D = std::stoi(m[1]), block = std::stoi(m[2]), rows = std::min(std::stoi(m[5]), std::stoi(m[3]) * std::stoi(m[4]));
-    EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(rows, D, block), 4 * floats) << file;
+    const int slice = m[6].matched ? std::stoi(m[6]) : 0;
+    EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(rows, D, block, slice), 4 * floats) << file;
     ++checked;
   }
   EXPECT_GE(checked, 6) << "the generated vulkan_onepass kernels in " << KVOUTER_GENERATED_DIR;
@@ -89,6 +91,9 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   // vulkan_onepass's at D 128, block 64 (schedules/vulkan_onepass.cpp): rows 16 is 28.8 KiB,
   // rows 32 is 49.1 KiB (fits neither); at block 128, rows 16 is 40.8 KiB (the H200 only).
   EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(16, 128, 128), 4 * 10448);  // as Halide allocated it
+  EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(16, 128, 128, 8), 4 * 7344);  // 8-channel slices (generated)
+  EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(12, 128, 128, 16), 4 * 6780);
+  EXPECT_EQ(pipeline::vulkan_onepass_slice(12, 24, 5), 4);  // lowered to a divisor of D
   EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
   EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "32", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_onepass", "64", "8", "4"), s, "host-vulkan"));  // the block must be one chunk

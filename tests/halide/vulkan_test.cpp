@@ -103,7 +103,19 @@ TEST_P(VulkanTwinTest, MatchesOracle) {
   REQUIRE_VULKAN();
   const auto& [twin, kind] = GetParam();
   if (const char* why = twin_known_failure(twin, kind.first)) GTEST_SKIP() << "known Halide 21 failure: " << why;
-  check("jit", twin, experiments::make_case(kind.second), kind.first);
+  try {
+    check("jit", twin, experiments::make_case(kind.second), kind.first);
+  } catch (const BackendError& e) {
+    // Mullapudi2016's GPU schedule depends on the host CPU's features: on the GPU machine's
+    // (AVX-512) host it is invalid for some kinds, which lavapipe's host compiles (measured on
+    // the H200: experiments/results/gpu/gpu_tests_vec_h200.log). Its own error, not ours.
+    const std::string what = e.what();
+    if (twin == "auto_mullapudi2016_gpu" && what.find("could not find var") != std::string::npos &&
+        what.find("to reorder") != std::string::npos) {
+      GTEST_SKIP() << "known Halide 21 failure: Mullapudi2016 emits an invalid GPU schedule here: " << what;
+    }
+    throw;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TwinXKind, VulkanTwinTest,
@@ -218,6 +230,23 @@ TEST(Vulkan, KnobsChangeTheScheduleNotTheResult) {
   check("jit", "vulkan_onepass", in, "tiny rows=5 unroll=2", {{"rows", "5"}, {"unroll", "2"}});
   check("jit", "vulkan_onepass", in, "tiny rows=12 unroll=8", {{"rows", "12"}, {"unroll", "8"}});
   check("jit", "vulkan_onepass", d16, "D16 rows=3 unroll=1", {{"rows", "3"}, {"unroll", "1"}});
+  // vec: the scalar kernel, 2- and 4-wide tiles (also where the tile does not cover D 12 or the
+  // block: scalar then), and K slices of 4, 8 and 16 channels (one not dividing D 12: lowered).
+  check("jit", "vulkan_onepass", in, "tiny vec=1 unroll=4", {{"vec", "1"}, {"unroll", "4"}});
+  check("jit", "vulkan_onepass", in, "tiny vec=2 unroll=4 slice=8", {{"vec", "2"}, {"unroll", "4"}, {"slice", "8"}});
+  check("jit", "vulkan_onepass", in, "tiny vec=4 unroll=8 slice=16",
+        {{"vec", "4"}, {"unroll", "8"}, {"slice", "16"}});
+  check("jit", "vulkan_onepass", d16, "D16 rows=5 vec=4 unroll=4 slice=4",
+        {{"rows", "5"}, {"vec", "4"}, {"unroll", "4"}, {"slice", "4"}});
+  {
+    experiments::CaseSpec odd = narrow;  // D 12, block 24: tiles of 8 cover neither
+    odd.D = 12;
+    odd.block_size = 24;
+    odd.page_size = 8;
+    const Inputs d12 = experiments::make_case(odd);
+    check("jit", "vulkan_onepass", d12, "D12 vec=4 unroll=8 slice=5", {{"vec", "4"}, {"unroll", "8"}, {"slice", "5"}});
+    check("jit", "vulkan_onepass", d12, "D12 vec=4 unroll=4", {{"vec", "4"}, {"unroll", "4"}});
+  }
   // A workgroup past 1024 threads is a compile error, not a lost device (measured on the H200:
   // VK_ERROR_DEVICE_LOST): D 128 with unroll 1 is 128 threads per row of 16.
   EXPECT_THROW(check("jit", "vulkan_onepass", in, "tiny rows=16 unroll=1", {{"rows", "16"}, {"unroll", "1"}}),
