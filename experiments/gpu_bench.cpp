@@ -221,10 +221,17 @@ int run(int argc, char** argv) {
                   {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
         if (have_baseline) r["vs_direct"] = errors_json(t.out, baseline);
         if (!first_key.empty()) r["vs_" + first_key] = errors_json(t.out, first_out);
+        // Against direct where the shape has that baseline, else against the first run (whose
+        // outputs the other runs and torch_compare.py are checked against).
+        const std::string check =
+            have_baseline ? (r["vs_direct"]["within_tolerance"].get<bool>() ? "matches direct" : "DIFFERS from direct")
+            : !first_key.empty()
+                ? (r["vs_" + first_key]["within_tolerance"].get<bool>() ? "matches " : "DIFFERS from ") + first_key
+                : std::string("the reference of the runs after it");
         std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
                      shape.c_str(), key.c_str(), ms, t.timed.forward_ms, t.timed.combine_ms, flops / ms / 1e9,
                      100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
-                     have_baseline ? (r["vs_direct"]["within_tolerance"].get<bool>() ? "matches direct" : "DIFFERS from direct") : "unchecked");
+                     check.c_str());
         if (first_key.empty()) {
           if (!case_dir.empty()) save_outputs(case_dir + "/" + shape + "/kvouter_" + schedule, t.out);
           first_key = key;
