@@ -85,6 +85,8 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
       // The block is one chunk; the workgroup's shared memory as Halide allocates it
       // (schedules/vulkan_onepass.cpp); rows past the tile's rows are the same program.
       if (T > 0 && rows > T * shape.qhead) return false;
+      // The scalar kernel is the default one where the tiles do not cover the block and D.
+      if (c.knobs.count("vec") && (shape.block_size % unroll || shape.D % unroll)) return false;
       return chunk == 4096 && shape.block_size <= chunk &&
              pipeline::vulkan_onepass_shared_bytes(int(rows), int(shape.D), int(shape.block_size),
                                                   c.knobs.count("slice") ? int(std::stol(c.knobs.at("slice"))) : 0) <=
@@ -113,11 +115,14 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
   // Per family: the values of chunk, rows and unroll to cross with T (keep() prunes the product).
   struct Axes {
     std::vector<const char*> chunks, rows, unrolls;
+    std::vector<const char*> vecs = {""};  // "" = the knob's default (not in the candidate's knobs)
   };
   const Axes cpu{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
   const Axes fused{{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}};
   const Axes gemm{{"4096"}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
-  const Axes onepass{{"4096"}, {"4", "8", "16", "32"}, {"2", "4", "8"}};
+  // vulkan_onepass: its vector width's per-target default against the scalar kernel (on the
+  // H200 each won somewhere: README "Vulkan (GPU)").
+  const Axes onepass{{"4096"}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}};
   const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
   std::vector<Candidate> out;
   for (const auto& s : pipeline::all_schedules()) {
@@ -133,10 +138,12 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
     for (const char* T : Ts)
       for (const char* chunk : ax.chunks)
         for (const char* r : ax.rows)
-          for (const char* unroll : ax.unrolls) {
-            Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
-            if (keep(c, shape, target, shared)) out.push_back(c);
-          }
+          for (const char* unroll : ax.unrolls)
+            for (const char* vec : ax.vecs) {
+              Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
+              if (*vec) c.knobs["vec"] = vec;
+              if (keep(c, shape, target, shared)) out.push_back(c);
+            }
   }
   return out;
 }

@@ -110,8 +110,13 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   ASSERT_EQ(dec.qhead, 8);
   EXPECT_TRUE(keep(decode_rows("8"), dec, "host-vulkan"));
   EXPECT_FALSE(keep(decode_rows("16"), dec, "host-vulkan"));
+  // vulkan_onepass's vector width: the per-target default and the scalar kernel are both tried.
+  EXPECT_TRUE(keep(Candidate{"vulkan_onepass", {{"T", "0"}, {"chunk", "4096"}, {"rows", "8"}, {"unroll", "4"}, {"vec", "1"}}},
+                   s, "host-vulkan"));
   std::set<std::string> keys, schedules;
+  int scalar_onepass = 0;
   for (const auto& cand : tuning_space(s, "host-vulkan")) {
+    if (cand.schedule == "vulkan_onepass" && cand.knobs.count("vec")) ++scalar_onepass;
     EXPECT_TRUE(keys.insert(cand.key()).second) << "duplicate " << cand.key();
     schedules.insert(cand.schedule);
   }
@@ -119,6 +124,8 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
                                               "auto_anderson2021", "auto_mullapudi2016_gpu"}));
   EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=4096,rows=4,unroll=4"));
   EXPECT_TRUE(keys.count("vulkan_fused,T=16,chunk=8,rows=8,unroll=4"));
+  EXPECT_GT(scalar_onepass, 0);
+  EXPECT_TRUE(keys.count("vulkan_onepass,T=0,chunk=4096,rows=8,unroll=4,vec=1")) << "key format";
 }
 
 TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
