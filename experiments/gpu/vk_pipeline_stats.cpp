@@ -37,6 +37,18 @@ T vk(VkStructureType type) {
   return x;
 }
 
+// Vulkan's two-call enumeration: get(&count, nullptr), then get(&count, data), each element
+// starting as `init` (for the structures with an sType).
+template <class T, class Get>
+std::vector<T> enumerate(Get get, const T& init = T{}) {
+  uint32_t n = 0;
+  get(&n, nullptr);
+  std::vector<T> out(n, init);
+  get(&n, out.data());
+  out.resize(n);
+  return out;
+}
+
 struct Binding {
   uint32_t set = 0, binding = 0;
   VkDescriptorType type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
@@ -130,28 +142,25 @@ int main(int argc, char** argv) {
   ici.pApplicationInfo = &app;
   VkInstance instance;
   check(vkCreateInstance(&ici, nullptr, &instance), "vkCreateInstance (no Vulkan driver?)");
-  uint32_t n = 0;
-  vkEnumeratePhysicalDevices(instance, &n, nullptr);
-  if (n == 0) fail("no Vulkan device");
-  std::vector<VkPhysicalDevice> phys(n);
-  vkEnumeratePhysicalDevices(instance, &n, phys.data());
+  const auto phys = enumerate<VkPhysicalDevice>(
+      [&](uint32_t* n, VkPhysicalDevice* p) { vkEnumeratePhysicalDevices(instance, n, p); });
+  if (phys.empty()) fail("no Vulkan device");
   VkPhysicalDevice pd = phys[0];
   VkPhysicalDeviceProperties props;
   vkGetPhysicalDeviceProperties(pd, &props);
 
-  uint32_t ne = 0;
-  vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, nullptr);
-  std::vector<VkExtensionProperties> exts(ne);
-  vkEnumerateDeviceExtensionProperties(pd, nullptr, &ne, exts.data());
+  const auto exts = enumerate<VkExtensionProperties>([&](uint32_t* n, VkExtensionProperties* p) {
+    vkEnumerateDeviceExtensionProperties(pd, nullptr, n, p);
+  });
   bool has_stats = false;
   for (const auto& e : exts)
     has_stats |=
         std::string(e.extensionName) == VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
 
-  uint32_t nq = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, nullptr);
-  std::vector<VkQueueFamilyProperties> qf(nq);
-  vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, qf.data());
+  const auto qf = enumerate<VkQueueFamilyProperties>([&](uint32_t* n, VkQueueFamilyProperties* p) {
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, n, p);
+  });
+  const uint32_t nq = static_cast<uint32_t>(qf.size());
   uint32_t family = nq;
   for (uint32_t i = 0; i < nq; ++i) {
     if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
@@ -243,22 +252,18 @@ int main(int argc, char** argv) {
     if (has_stats) {
       auto pi = vk<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
       pi.pipeline = pipeline;
-      uint32_t nx = 0;
-      get_props(device, &pi, &nx, nullptr);
-      std::vector<VkPipelineExecutablePropertiesKHR> xs(
-          nx, vk<VkPipelineExecutablePropertiesKHR>(
-                  VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR));
-      get_props(device, &pi, &nx, xs.data());
-      for (uint32_t x = 0; x < nx; ++x) {
+      const auto xs = enumerate(
+          [&](uint32_t* n, VkPipelineExecutablePropertiesKHR* p) { get_props(device, &pi, n, p); },
+          vk<VkPipelineExecutablePropertiesKHR>(
+              VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR));
+      for (uint32_t x = 0; x < xs.size(); ++x) {
         auto ei = vk<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
         ei.pipeline = pipeline;
         ei.executableIndex = x;
-        uint32_t ns = 0;
-        get_stats(device, &ei, &ns, nullptr);
-        std::vector<VkPipelineExecutableStatisticKHR> st(
-            ns, vk<VkPipelineExecutableStatisticKHR>(
-                    VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
-        get_stats(device, &ei, &ns, st.data());
+        const auto st = enumerate(
+            [&](uint32_t* n, VkPipelineExecutableStatisticKHR* p) { get_stats(device, &ei, n, p); },
+            vk<VkPipelineExecutableStatisticKHR>(
+                VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
         std::printf("  executable %u (%s, subgroup %u):\n", x, xs[x].name, xs[x].subgroupSize);
         for (const auto& s : st) std::printf("    %s = %s\n", s.name, value_of(s).c_str());
       }
