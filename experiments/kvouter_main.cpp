@@ -94,7 +94,10 @@ void run_help() {
                "--repeat N runs N times and reports the median (compile time is never counted).\n"
                "--warmup-ms MS (Halide backends): before each timed run, the kernels run untimed for MS\n"
                "on the uploaded inputs. GPU figures need it: the H200's driver keeps a Vulkan-only load\n"
-               "at its idle clock until the GPU has been busy a while (README \"Vulkan (GPU)\").\n\n";
+               "at its idle clock until the GPU has been busy a while (README \"Vulkan (GPU)\").\n";
+  std::cout << "--param KEY=VALUE sets a schedule knob (jit; aot takes T and variant):";
+  for (const auto& k : halide::knob_names()) std::cout << " " << k;
+  std::cout << " (README \"CLI\").\n\n";
   print_backends(std::cout);
 }
 
