@@ -51,6 +51,14 @@ void unroll_or_vectorize(Stage st, VarOrRVar x, int RX, int V) {
   }
 }
 
+// A register accumulator (register_accumulator's) with its tile's x as V-wide vectors, in its
+// initial value and its update; V 1 leaves it unrolled.
+void vectorize_accumulator(Func acc, Var x, int RX, int V) {
+  if (V <= 1) return;
+  unroll_or_vectorize(acc, x, RX, V);
+  unroll_or_vectorize(acc.update(), x, RX, V);
+}
+
 // A register-tiled GEMM stage at the workgroup level: `stage` (a wrapper, in shared memory) over
 // (x, row), RX x RY outputs per thread, `acc` (its reduction over r) in registers.
 void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel at, int RX, int RY, RVar r,
@@ -66,10 +74,7 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
   unroll_or_vectorize(stage, xi, RX, V);
   // Four steps of the reduction per iteration: more loads in flight per thread.
   register_accumulator(acc, LoopLevel(stage, xo), x, row, r, r_extent, 4);
-  if (V > 1) {
-    unroll_or_vectorize(acc, x, RX, V);
-    unroll_or_vectorize(acc.update(), x, RX, V);
-  }
+  vectorize_accumulator(acc, x, RX, V);
 }
 
 }  // namespace
@@ -180,10 +185,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
     // Four channels per iteration (README limit 9: without it the Vulkan kernel waits on each
     // step's loads).
     register_accumulator(part, LoopLevel(f.s, uxo), f.p, f.row, rdi, DK, 4);
-    if (V > 1) {
-      unroll_or_vectorize(part, f.p, RX, V);
-      unroll_or_vectorize(part.update(), f.p, RX, V);
-    }
+    vectorize_accumulator(part, f.p, RX, V);
     // The slice: positions innermost in storage (the score threads then read unroll
     // consecutive words), rows padded by 4 words against bank conflicts (and kept 16-byte
     // aligned for vector reads). Loaded along d (coalesced).
