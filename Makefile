@@ -12,7 +12,7 @@ JOBS    ?= $(shell nproc)
 APT_PKGS := build-essential git python3 python3-venv python3-pip libeigen3-dev libgtest-dev \
             libgmock-dev libbenchmark-dev nlohmann-json3-dev libvulkan-dev libvulkan1 \
             mesa-vulkan-drivers vulkan-validationlayers vulkan-tools clang libyaml-cpp-dev \
-            libclang-rt-14-dev libomp-dev spirv-tools
+            libclang-rt-14-dev libomp-dev spirv-tools spirv-headers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Vulkan runs on Mesa's lavapipe (a CPU device) unless the caller chose a driver, under the Khronos

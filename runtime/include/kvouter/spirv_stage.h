@@ -1,0 +1,72 @@
+// The SPIR-V stage: a rewrite of every Vulkan shader module Halide hands the driver, so that the
+// driver's compiler can optimise what Halide 21's SPIR-V does not let it (docs/spirv_stage.md).
+//
+//   1. NonWritable on each storage buffer the module never writes, NonReadable on each it never
+//      reads, derived from the module's own loads, stores and atomics through any access chain.
+//   2. Barrier memory semantics narrowed to workgroup memory, where the module proves that no
+//      storage buffer is both written and read in it (so a workgroup's invocations cannot
+//      exchange data through device memory); an OpMemoryBarrier left ordering nothing beyond its
+//      OpControlBarrier is removed. A module that reads and writes one buffer keeps every fence.
+//
+// Anything the analysis does not understand (a pointer passed to a call, a phi of pointers, an
+// image write) counts as both a read and a write: the stage only ever leaves a module unchanged
+// where it cannot prove a rewrite safe. The rewrite keeps every id, binding and specialisation id.
+//
+// The runtime installs it for JIT and AOT Vulkan pipelines alike (vulkan_probe.h,
+// install_spirv_stage). It is on by default; KVOUTER_SPIRV_STAGE=off turns it off for comparison
+// runs, and KVOUTER_SPIRV_DUMP=DIR writes every module before (N.in.spv) and after (N.out.spv).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvouter::spirv {
+
+// A module that is not well-formed SPIR-V (bad magic, an instruction past the end).
+class SpirvError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What one rewrite did.
+struct RewriteReport {
+  int storage_buffers = 0;    // storage-buffer variables in the module
+  int non_writable = 0;       // decorated NonWritable by the stage
+  int non_readable = 0;       // decorated NonReadable by the stage
+  int barriers = 0;           // OpControlBarrier + OpMemoryBarrier seen
+  int barriers_narrowed = 0;  // semantics narrowed to workgroup memory
+  int barriers_removed = 0;   // OpMemoryBarrier removed (covered by its OpControlBarrier)
+  // Why the device-memory fences were kept (empty when they were narrowed or there were none).
+  std::string fence_kept_because;
+  bool changed() const { return non_writable + non_readable + barriers_narrowed + barriers_removed > 0; }
+};
+
+// Rewrites one module (words, host byte order). Throws SpirvError on a malformed module.
+std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport* report = nullptr);
+inline std::vector<uint32_t> rewrite(const std::vector<uint32_t>& m, RewriteReport* r = nullptr) {
+  return rewrite(m.data(), m.size(), r);
+}
+
+// False when KVOUTER_SPIRV_STAGE is "off" or "0" (read once per process).
+bool stage_enabled();
+
+// What the installed stage has done in this process, summed over modules.
+struct StageStats {
+  int64_t modules = 0;       // modules that reached vkCreateShaderModule through the stage
+  int64_t rewritten = 0;     // of which changed
+  int64_t fences_kept = 0;   // of which kept their device-memory fences
+  int64_t errors = 0;        // of which could not be parsed (passed on unchanged)
+  int64_t non_writable = 0, non_readable = 0, barriers_narrowed = 0, barriers_removed = 0;
+};
+StageStats stage_stats();
+
+// Halide's library-symbol lookup with the stage in front of the Vulkan loader: the same symbol
+// as dlsym(lib, name), except that "vkGetInstanceProcAddr" comes back wrapped so that the
+// modules given to vkCreateShaderModule pass through rewrite(). Installed into Halide's runtimes
+// with halide_set_custom_get_library_symbol (AOT) and JITSharedRuntime's default handlers (JIT).
+void* get_library_symbol(void* lib, const char* name);
+
+}  // namespace kvouter::spirv
