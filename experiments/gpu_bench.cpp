@@ -38,6 +38,7 @@
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/plan.h"
+#include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
 
 namespace kvouter::experiments {
@@ -139,6 +140,7 @@ int run(int argc, char** argv) {
               {"hbm_tbps", kHbmTBps},
               {"reps", reps},
               {"warmup_ms", warmup_ms},
+              {"spirv_stage", spirv::stage_enabled() ? "on" : "off"},
               {"results", json::array()}};
   for (const auto& shape : shapes) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -243,6 +245,11 @@ int run(int argc, char** argv) {
       }
       shape_doc["runs"].push_back(r);
       if (!json_path.empty()) {  // after each run: a time limit keeps what finished
+        const spirv::StageStats st = spirv::stage_stats();
+        doc["spirv_stage_stats"] = {{"modules", st.modules}, {"rewritten", st.rewritten},
+                                    {"fences_kept", st.fences_kept}, {"errors", st.errors},
+                                    {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
+                                    {"barriers_narrowed", st.barriers_narrowed}};
         json partial = doc;
         partial["results"].push_back(shape_doc);
         std::ofstream(json_path) << partial.dump(2) << "\n";

@@ -162,10 +162,13 @@ void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
 
 void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  // One thread per (32nd of D, query head), a workgroup per (4 query heads, query): every thread
-  // reduces its D / 32 channels over the query's partials in registers. (The first version looped
-  // over the query heads inside each thread: 3.3 ms on gpu-decode, each step waiting on global
-  // loads.)
+  // Two kernels and no intermediate in device memory. `out`: one thread per (32nd of D, query
+  // head), a workgroup per (4 query heads, query); each thread takes its row's max and sum over
+  // the query's partials itself (two loads per partial, shared by the workgroup's threads through
+  // the cache), then reduces its D / 32 channels in registers. `lse`: one thread per (query head,
+  // query), with its own copy of the max and sum. Halide 21's Vulkan runtime allocates and clears
+  // every root intermediate per call and drains the queue after each dispatch, so each kernel
+  // and buffer saved is a fixed cost saved (the statistics at root made four kernels).
   Var dO("dO"), di("di"), jo("jo"), ji("ji"), to("to"), ti("ti");
   const Halide::Internal::IntImm* static_D = f.D.as<Halide::Internal::IntImm>();
   f.out.compute_root()
@@ -181,15 +184,12 @@ void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
     f.osum.unroll(f.d);
     f.osum.update().unroll(f.d);
   }
-  // As in the forward: each statistic a wrapper at root, its reduction in registers, so its
-  // initial value and update run in one kernel. Stored densely over (j, t) with t padded to 16
-  // by the runtime: byte sizes are multiples of 64 (Halide 21's Vulkan allocator).
-  for (Func* stat : {&f.mmax, &f.lsum}) {
-    Func w = stat->in();
-    w.compute_root().gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
-    stat->compute_at(w, ji).store_in(MemoryType::Register);
-  }
+  // lse's own copies of the statistics (lsum's reads mmax: its copy reads mmax's copy).
+  Func lsum_lse = f.lsum.clone_in(f.lse);
+  Func mmax_lse = f.mmax.clone_in({f.lse, lsum_lse});
+  for (Func stat : {f.mmax, f.lsum}) stat.compute_at(f.out, di).store_in(MemoryType::Register);
   f.lse.compute_root().gpu_tile(f.j, f.t, jo, to, ji, ti, 8, 32, guard);
+  for (Func stat : {mmax_lse, lsum_lse}) stat.compute_at(f.lse, ji).store_in(MemoryType::Register);
 }
 
 }  // namespace kvouter::pipeline

@@ -9,6 +9,8 @@
 //
 // The descriptor set layout is read off the module (OpDecorate DescriptorSet/Binding and the
 // Block / BufferBlock decoration of each variable's type), so any Halide Vulkan kernel works.
+// The modules go through the runtime's SPIR-V stage first, as in a kernel launch
+// (KVOUTER_SPIRV_STAGE=off: Halide's module as generated), so the two can be compared.
 // Exit status: 0 with the statistics, 2 on bad input or a pipeline the driver rejects, 77 when
 // the device has no pipeline statistics (lavapipe in CI: the layout and the pipeline are still
 // built and checked).
@@ -24,6 +26,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include "kvouter/spirv_stage.h"
 
 namespace {
 
@@ -203,7 +207,22 @@ int main(int argc, char** argv) {
 
   for (int f = 1; f < argc; ++f) {
     const std::string path = argv[f];
-    const std::vector<uint32_t> words = read_spirv(path);
+    std::vector<uint32_t> words = read_spirv(path);
+    // What the driver gets through the runtime: the module after the SPIR-V stage, unless
+    // KVOUTER_SPIRV_STAGE=off (then Halide's module as generated).
+    if (kvouter::spirv::stage_enabled()) {
+      kvouter::spirv::RewriteReport rep;
+      try {
+        words = kvouter::spirv::rewrite(words, &rep);
+      } catch (const kvouter::spirv::SpirvError& e) {
+        fail(path + ": " + e.what());
+      }
+      std::printf("%s: SPIR-V stage on: %d NonWritable, %d NonReadable, %d of %d barriers narrowed, %d removed%s\n",
+                  path.c_str(), rep.non_writable, rep.non_readable, rep.barriers_narrowed, rep.barriers,
+                  rep.barriers_removed, rep.fence_kept_because.empty() ? "" : ("; fences kept: " + rep.fence_kept_because).c_str());
+    } else {
+      std::printf("%s: SPIR-V stage off (KVOUTER_SPIRV_STAGE)\n", path.c_str());
+    }
     const std::vector<Binding> bindings = reflect(words, path);
     std::vector<VkDescriptorSetLayoutBinding> lb;
     for (const auto& b : bindings) {
