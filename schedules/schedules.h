@@ -44,6 +44,10 @@ void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 // GPU schedules need the shapes that size shared memory specialised, and with one_chunk the block
 // processed as one chunk; throws CompileError if not.
 void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk);
+// The generic variant of every Vulkan schedule (no shape specialised: D, page, block, qhead and T
+// all from the buffers): applies the one schedule that runs any shape and returns true; returns
+// false when the shapes are specialised (vulkan_tiled.cpp).
+bool vulkan_generic_forward(ForwardFuncs& f, const Knobs& k);
 // The Vulkan forward's GEMM stages, each with workgroups of group_rows rows of a tile
 // (vulkan_tiled.cpp).
 void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows);

@@ -28,6 +28,7 @@ namespace kvouter::pipeline {
 using namespace Halide;
 
 void vulkan_fused_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  if (vulkan_generic_forward(f, k)) return;
   vulkan_require_static(f, "vulkan_fused", false);
   const TailStrategy guard = TailStrategy::GuardWithIf;
   // Rows per workgroup, at most 32: the stages run 32 x rows threads (a workgroup holds 1024).

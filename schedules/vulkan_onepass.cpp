@@ -101,6 +101,7 @@ int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice) {
 }
 
 void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
+  if (vulkan_generic_forward(f, k)) return;
   vulkan_require_static(f, "vulkan_onepass", true);
   const int D = f.static_D, C = f.static_C;
   // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A

@@ -34,11 +34,51 @@ using namespace Halide;
 void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk) {
   if (!f.static_D || !f.static_rows || !f.static_C) {
     throw CompileError(std::string(name) + ": GPU schedules need D, block_size, page_size, qhead and T "
-                       "specialised (register tiles and workgroup sizes must be static)");
+                       "specialised (register tiles and workgroup sizes must be static), or none of them "
+                       "(the generic variant)");
   }
   if (one_chunk && f.static_NC != 1) {
     throw CompileError(std::string(name) + ": the block must be one chunk (--param chunk >= block_size)");
   }
+}
+
+bool vulkan_generic_forward(ForwardFuncs& f, const Knobs& k) {
+  if (f.static_D || f.static_rows || f.static_T || f.static_C) return false;
+  const auto* chunk = f.rp.x.extent().as<Halide::Internal::IntImm>();
+  const int C = chunk ? static_cast<int>(chunk->value) : 0;
+  if (C < 1 || C > 32) {
+    throw CompileError("generic Vulkan variant: chunk must be 1 to 32 positions (register arrays), got " +
+                       std::to_string(C));
+  }
+  // No shared memory and no size that depends on the shape: one thread per (channel, row) of a
+  // group of `rows` rows and 32 channels, channels past 32 looped in the thread. Each thread
+  // keeps its channel's online state (o, m, l) in registers over the chunk loop and recomputes
+  // the chunk's C scores, their max and sum itself from global memory (q and K read through the
+  // caches): about D-fold redundant score work, the price of running any shape. Measured on
+  // lavapipe only (CI); the specialised variants are the fast path.
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  const int R = std::max(1, std::min(k.rows, 32));
+  Var rg("rg"), ri("ri"), cho("cho"), chi("chi");
+  f.out.compute_root()
+      .split(f.row, rg, ri, R, guard)
+      .split(f.ch, cho, chi, 32, guard)
+      .reorder(cho, chi, ri, rg, f.tile)
+      .gpu_blocks(rg, f.tile)
+      .gpu_threads(chi, ri);
+  f.st.compute_at(f.out, cho).store_in(MemoryType::Register);
+  const LoopLevel chunk_loop(f.st, f.rc.x);
+  for (Func stage : {f.s, f.pexp}) stage.compute_at(chunk_loop).store_in(MemoryType::Register).unroll(f.p);
+  // The chunk's C scores accumulate together, in one pass over D: loop iterations per thread
+  // about (D + 2) / 32 x chunks x D (lavapipe ends a shader's loops after 65535 iterations in
+  // all; the aot backend refuses a shape past that there, see aot.cpp). D is not split: the
+  // guards of a split by a factor that may not divide it become bool kernel arguments, which
+  // Halide 21 puts in the uniform block (invalid SPIR-V, rejected by the validation layer).
+  f.s.update().reorder(f.p, f.rd.x).unroll(f.p);
+  for (Func stat : {f.cmax, f.csum, f.cpv}) {
+    stat.compute_at(chunk_loop).store_in(MemoryType::Register);
+    stat.update().unroll(f.rp.x);
+  }
+  return true;
 }
 
 void register_accumulator(Func acc, const LoopLevel& at, Var x, Var row, RVar r, int r_extent, int step) {
@@ -156,6 +196,7 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
 }
 
 void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
+  if (vulkan_generic_forward(f, k)) return;
   vulkan_require_static(f, "vulkan_tiled", true);
   vulkan_gemm_forward(f, k, f.static_rows);
 }
@@ -177,12 +218,16 @@ void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
       .reorder(dO, di, ji, jo, f.t)
       .gpu_blocks(jo, f.t)
       .gpu_threads(di, ji);
-  f.osum.compute_at(f.out, di).store_in(MemoryType::Register);
-  f.osum.update().reorder(f.d, f.rk.x);
   if (static_D) {
+    // The thread's D / 32 channels unrolled, their sums in registers.
+    f.osum.compute_at(f.out, di).store_in(MemoryType::Register);
+    f.osum.update().reorder(f.d, f.rk.x);
     f.out.unroll(dO);
     f.osum.unroll(f.d);
     f.osum.update().unroll(f.d);
+  } else {
+    // The generic variant: one channel at a time (register arrays must have a static size).
+    f.osum.compute_at(f.out, dO).store_in(MemoryType::Register);
   }
   // lse's own copies of the statistics (lsum's reads mmax: its copy reads mmax's copy).
   Func lsum_lse = f.lsum.clone_in(f.lse);

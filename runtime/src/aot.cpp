@@ -28,6 +28,28 @@ int specificity(const Specialization& s) {
   return (s.D != 0) + (s.page_size != 0) + (s.block_size != 0) + (s.qhead != 0) + (s.T != 0);
 }
 
+// Lavapipe (llvmpipe) ends all of a shader invocation's loops after 65535 iterations in total
+// (Mesa's LP_MAX_TGSI_LOOP_ITERATIONS) and carries on: the results are silently wrong. The generic
+// Vulkan variant (vulkan_generic_forward) loops (D + 2) / 32 x chunks x (D + 2) times per thread;
+// on a CPU Vulkan device a shape past the limit is refused instead.
+void check_generic_vulkan_loops(const AotVariant& v, const Plan& plan) {
+  if (!is_vulkan_target(v.target) || specificity(v.spec) != 0) return;
+  const auto devices = vulkan_devices();
+  if (devices.empty() || devices.front().type != "cpu") return;
+  int64_t chunk = 32;
+  if (auto at = v.knobs.find("chunk="); at != std::string::npos) chunk = std::stoll(v.knobs.substr(at + 6));
+  const Specialization s = Specialization::of(plan);
+  const int64_t iterations = (s.D + 2 + 31) / 32 * ((s.block_size + chunk - 1) / chunk) * (s.D + 2);
+  constexpr int64_t kLavapipeLoopLimit = 65535;
+  if (iterations > kLavapipeLoopLimit) {
+    throw BackendError("aot: " + v.name + " needs about " + std::to_string(iterations) + " loop iterations per thread at D " +
+                       std::to_string(s.D) + ", block " + std::to_string(s.block_size) + ": more than the " +
+                       std::to_string(kLavapipeLoopLimit) + " that " + devices.front().name +
+                       " runs before it ends a shader's loops (its results would be wrong); use a GPU, or a variant "
+                       "specialised for this shape");
+  }
+}
+
 class AotBackend final : public Backend {
  public:
   explicit AotBackend(const BackendConfig& cfg) : schedule_(cfg.schedule), target_(cfg.target.empty() ? "host" : cfg.target) {
@@ -80,6 +102,7 @@ class AotBackend final : public Backend {
   Outputs run(const Plan& plan, const Inputs& in) override {
     const AotVariant& v = aot_select(schedule_, target_, plan, variant_);
     last_variant_ = v.name;
+    check_generic_vulkan_loops(v, plan);
     Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
     timing_.compile_ms = 0;
     try {

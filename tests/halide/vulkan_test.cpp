@@ -98,6 +98,68 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanJitTest,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
                          });
 
+std::vector<std::string> fitting_variants(const std::string& schedule, const std::string& target, const Inputs& in);
+
+// Lavapipe ends a shader's loops after 65535 iterations in all: a shape whose generic kernel
+// loops longer is refused there with the reason, never run to a wrong result. Shapes near the
+// limit (D 128, block 1024: about 4 x 10^4 iterations per thread; D 256, block 512) run and match.
+TEST(Vulkan, GenericVariantOnLargeBlocks) {
+  REQUIRE_VULKAN();
+  for (auto [D, block, page] : std::vector<std::tuple<int, int, int>>{{128, 1024, 64}, {256, 512, 64}, {512, 4096, 256}}) {
+    experiments::CaseSpec s;
+    s.qo = {1};
+    s.kv = {block + 88};
+    s.causal = false;
+    s.Hq = 2; s.Hkv = 1; s.D = D; s.block_size = block; s.page_size = page; s.topk = 2;
+    const std::string what = "D " + std::to_string(D) + ", block " + std::to_string(block);
+    const std::map<std::string, std::string> generic = {{"variant", "kvouter_vulkan_tiled_generic_host_vulkan_chunk_32"}};
+    if (vulkan_devices().front().type == "cpu" && D == 512) {
+      try {
+        check("aot", "vulkan_tiled", experiments::make_case(s), what, generic);
+        ADD_FAILURE() << what << " ran on a CPU Vulkan device past its loop limit";
+      } catch (const BackendError& e) {
+        EXPECT_NE(std::string(e.what()).find("65535"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    check("aot", "vulkan_tiled", experiments::make_case(s), what, generic);
+  }
+}
+
+// The generic AOT variant of every Vulkan schedule (no shape specialised), by name, on every case
+// kind: any valid input runs through `--backend aot --target host-vulkan`.
+class VulkanAotGenericTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(VulkanAotGenericTest, MatchesOracle) {
+  REQUIRE_VULKAN();
+  const auto& [schedule, kind] = GetParam();
+  const std::string generic = "kvouter_" + schedule + "_generic_host_vulkan_chunk_32";
+  check("aot", schedule, experiments::make_case(kind.second), kind.first, {{"variant", generic}});
+}
+
+INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanAotGenericTest,
+                         ::testing::Combine(::testing::ValuesIn(vulkan_schedules()),
+                                            ::testing::ValuesIn(testing::case_kinds())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
+                         });
+
+// Without naming a variant, the most specific one that fits is chosen: the generic one for shapes
+// no specialised variant covers (D 72, block 256 here).
+TEST(Vulkan, AotPicksTheGenericVariantForAnUnspecialisedShape) {
+  REQUIRE_VULKAN();
+  for (const auto& [name, spec] : testing::case_kinds()) {
+    if (name != "d72_block256_len232") continue;
+    const Inputs in = experiments::make_case(spec);
+    for (const auto& schedule : vulkan_schedules()) {
+      const auto fit = fitting_variants(schedule, "host-vulkan", in);
+      ASSERT_FALSE(fit.empty()) << schedule;
+      EXPECT_EQ(fit.front(), "kvouter_" + schedule + "_generic_host_vulkan_chunk_32");
+      check("aot", schedule, in, name);
+    }
+  }
+}
+
 class VulkanTwinTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(VulkanTwinTest, MatchesOracle) {

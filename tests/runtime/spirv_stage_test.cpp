@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "kvouter/aot.h"
+#include "kvouter/aot_kernels.h"
 #include "kvouter/spirv_stage.h"
 
 namespace kvouter::spirv {
@@ -292,10 +294,16 @@ std::vector<std::vector<uint32_t>> modules_of(const std::filesystem::path& stmt)
 
 TEST(SpirvStage, EveryGeneratedVulkanKernelStaysValidAndGetsItsDecorations) {
   int kernels = 0, narrowed = 0, kept = 0;
-  for (const auto& e : std::filesystem::directory_iterator(KVOUTER_GENERATORS_DIR)) {
-    const std::string name = e.path().filename().string();
-    if (name.find("host_vulkan") == std::string::npos || e.path().extension() != ".stmt") continue;
-    for (const auto& m : modules_of(e.path())) {
+  halide::register_generated_aot_kernels();
+  std::vector<std::string> stmts;
+  for (const auto& v : halide::aot_variants()) {
+    if (v.target != "host-vulkan") continue;
+    for (const char* part : {"_fwd.stmt", "_comb.stmt"}) stmts.push_back(v.name + part);
+  }
+  for (const std::string& name : stmts) {
+    const std::filesystem::path path = std::filesystem::path(KVOUTER_GENERATORS_DIR) / name;
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    for (const auto& m : modules_of(path)) {
       ++kernels;
       SCOPED_TRACE(name + " module " + std::to_string(kernels));
       ASSERT_EQ(validate(m), "") << "Halide's own module";
