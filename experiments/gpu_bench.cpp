@@ -141,6 +141,7 @@ int run(int argc, char** argv) {
               {"reps", reps},
               {"warmup_ms", warmup_ms},
               {"spirv_stage", spirv::stage_enabled() ? "on" : "off"},
+              {"vk_robust_access", spirv::robust_access() ? "on" : "off"},
               {"results", json::array()}};
   for (const auto& shape : shapes) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -249,7 +250,8 @@ int run(int argc, char** argv) {
         doc["spirv_stage_stats"] = {{"modules", st.modules}, {"rewritten", st.rewritten},
                                     {"fences_kept", st.fences_kept}, {"errors", st.errors},
                                     {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
-                                    {"barriers_narrowed", st.barriers_narrowed}};
+                                    {"barriers_narrowed", st.barriers_narrowed},
+                                    {"devices_without_robust_access", st.devices_without_robust_access}};
         json partial = doc;
         partial["results"].push_back(shape_doc);
         std::ofstream(json_path) << partial.dump(2) << "\n";

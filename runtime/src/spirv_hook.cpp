@@ -13,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kvouter/spirv_stage.h"
 
@@ -23,6 +25,7 @@ namespace {
 std::atomic<PFN_vkGetInstanceProcAddr> real_get_instance_proc{nullptr};
 std::atomic<PFN_vkGetDeviceProcAddr> real_get_device_proc{nullptr};
 std::atomic<PFN_vkCreateShaderModule> instance_create_shader_module{nullptr};  // the loader's trampoline
+std::atomic<PFN_vkCreateDevice> real_create_device{nullptr};
 
 std::mutex mu;
 std::map<VkDevice, PFN_vkCreateShaderModule> device_create_shader_module;  // guarded by mu
@@ -87,6 +90,37 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
   return real(device, &staged, allocator, module);
 }
 
+// Halide 21 enables every feature the device offers, robustBufferAccess among them: each buffer
+// access is then bounds-checked by the device, and an out-of-range read returns 0 instead of
+// failing. With robust_access() off the device is created without it (the features Halide asked
+// for are restored in its structures after the call).
+VKAPI_ATTR VkResult VKAPI_CALL staged_create_device(VkPhysicalDevice physical, const VkDeviceCreateInfo* info,
+                                                    const VkAllocationCallbacks* allocator, VkDevice* device) {
+  const PFN_vkCreateDevice real = real_create_device.load();
+  if (!real) return VK_ERROR_INITIALIZATION_FAILED;
+  if (robust_access() || !info) return real(physical, info, allocator, device);
+  std::vector<std::pair<VkBool32*, VkBool32>> restore;
+  auto clear = [&](const VkPhysicalDeviceFeatures* f) {
+    if (!f || !f->robustBufferAccess) return;
+    auto* flag = const_cast<VkBool32*>(&f->robustBufferAccess);
+    restore.push_back({flag, *flag});
+    *flag = VK_FALSE;
+  };
+  clear(info->pEnabledFeatures);
+  for (auto* next = static_cast<const VkBaseInStructure*>(info->pNext); next; next = next->pNext) {
+    if (next->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2) {
+      clear(&reinterpret_cast<const VkPhysicalDeviceFeatures2*>(next)->features);
+    }
+  }
+  const VkResult r = real(physical, info, allocator, device);
+  for (auto& [flag, value] : restore) *flag = value;
+  if (r == VK_SUCCESS && !restore.empty()) {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.devices_without_robust_access++;
+  }
+  return r;
+}
+
 VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL staged_get_device_proc(VkDevice device, const char* name) {
   const PFN_vkGetDeviceProcAddr real = real_get_device_proc.load();
   if (!real || !name) return nullptr;
@@ -113,6 +147,10 @@ VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL staged_get_instance_proc(VkInstance ins
     real_get_device_proc = reinterpret_cast<PFN_vkGetDeviceProcAddr>(f);
     return reinterpret_cast<PFN_vkVoidFunction>(&staged_get_device_proc);
   }
+  if (std::strcmp(name, "vkCreateDevice") == 0) {
+    real_create_device = reinterpret_cast<PFN_vkCreateDevice>(f);
+    return reinterpret_cast<PFN_vkVoidFunction>(&staged_create_device);
+  }
   if (std::strcmp(name, "vkCreateShaderModule") == 0) {
     instance_create_shader_module = reinterpret_cast<PFN_vkCreateShaderModule>(f);
     return reinterpret_cast<PFN_vkVoidFunction>(&staged_create_shader_module);
@@ -121,6 +159,14 @@ VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL staged_get_instance_proc(VkInstance ins
 }
 
 }  // namespace
+
+bool robust_access() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVOUTER_VK_ROBUST_ACCESS");
+    return !(e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "0") == 0));
+  }();
+  return on;
+}
 
 StageStats stage_stats() {
   std::lock_guard<std::mutex> lock(mu);

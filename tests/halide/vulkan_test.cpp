@@ -201,6 +201,13 @@ void expect_stage_rewrites(const std::string& backend) {
   check(backend, "vulkan_onepass", in, "tiny through " + backend);
   const spirv::StageStats after = spirv::stage_stats();
   EXPECT_EQ(after.errors, before.errors);
+  // This process's first Vulkan run created the device: without robustBufferAccess when that
+  // switch is off (KVOUTER_VK_ROBUST_ACCESS), else with it.
+  if (spirv::robust_access()) {
+    EXPECT_EQ(after.devices_without_robust_access, 0);
+  } else {
+    EXPECT_GT(after.devices_without_robust_access, 0);
+  }
   if (!spirv::stage_enabled()) {
     EXPECT_EQ(after.modules, before.modules) << "the stage is off";
     return;

@@ -53,6 +53,11 @@ inline std::vector<uint32_t> rewrite(const std::vector<uint32_t>& m, RewriteRepo
 // False when KVOUTER_SPIRV_STAGE is "off" or "0" (read once per process).
 bool stage_enabled();
 
+// Whether Halide's Vulkan devices keep robustBufferAccess (Halide 21 enables every feature a
+// device offers). KVOUTER_VK_ROBUST_ACCESS=off creates them without it: an out-of-range access
+// is then undefined instead of reading 0. Read once per process; on by default.
+bool robust_access();
+
 // What the installed stage has done in this process, summed over modules.
 struct StageStats {
   int64_t modules = 0;       // modules that reached vkCreateShaderModule through the stage
@@ -60,6 +65,7 @@ struct StageStats {
   int64_t fences_kept = 0;   // of which kept their device-memory fences
   int64_t errors = 0;        // of which could not be parsed (passed on unchanged)
   int64_t non_writable = 0, non_readable = 0, barriers_narrowed = 0, barriers_removed = 0;
+  int64_t devices_without_robust_access = 0;  // devices created with robustBufferAccess cleared
 };
 StageStats stage_stats();
 
