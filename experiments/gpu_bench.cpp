@@ -5,7 +5,7 @@
 //
 //   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
-//                     [--warmup-ms 2000] [--case-dir DIR] [--no-check]
+//                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //
 // Each schedule runs its default variant for the shape (the first generated); --all-variants runs
 // every generated variant that fits (the knob points of generators/CMakeLists.txt).
@@ -98,7 +98,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> targets = {"host-vulkan"};
   int reps = 5;
   double warmup_ms = 2000;
-  bool check = true, all_variants = false;
+  bool check = true, all_variants = false, generic_variants = false;
   std::string json_path, case_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -114,8 +114,9 @@ int run(int argc, char** argv) {
     else if (a == "--case-dir") case_dir = next();
     else if (a == "--no-check") check = false;
     else if (a == "--all-variants") all_variants = true;
+    else if (a == "--variants-generic") generic_variants = true;
     else if (a == "--targets") targets = split(next());
-    else throw InputError("argument", "--shapes/--schedules/--targets/--all-variants/--reps/--warmup-ms/--json/--case-dir/--no-check", a);
+    else throw InputError("argument", "--shapes/--schedules/--targets/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check", a);
   }
   halide::register_generated_aot_kernels();
   std::string device_name;
@@ -191,6 +192,14 @@ int run(int argc, char** argv) {
             auto be = halide::make_aot_backend({"aot", schedule, {}, target});
             fit = halide::aot_fitting(schedule, target, make_plan(in, be->plan_options()));
           } catch (const BackendError&) {
+          }
+          // Not the generic variants (no shape specialised): on the GPU shapes they are the
+          // any-shape fallback, 120 ms on gpu-decode on the H200 (results/gpu/2026-12-01) and
+          // minutes on gpu-prefill; --variants-generic measures them too.
+          if (!generic_variants) {
+            fit.erase(std::remove_if(fit.begin(), fit.end(),
+                                     [](const std::string& v) { return v.find("_generic") != std::string::npos; }),
+                      fit.end());
           }
         }
         if (fit.empty()) fit.push_back("");

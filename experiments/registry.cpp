@@ -34,7 +34,7 @@ void register_all_backends() {
          },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) ? default_gpu_schedule(c.target) : default_cpu_schedule();
            const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
            if (!info) {
              std::string known;
@@ -62,18 +62,29 @@ void register_all_backends() {
          },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) || is_cuda_target(c.target) ? default_vulkan_schedule() : default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) || is_cuda_target(c.target) ? default_gpu_schedule(c.target) : default_cpu_schedule();
            return halide::make_aot_backend(c);  // checks the device
          }});
 }
 
 const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
-// Measured on the H200 through Vulkan with warm clocks (README "Vulkan (GPU)"): vulkan_tiled
-// 936 ms on gpu-prefill against vulkan_onepass's 1142 and vulkan_fused's 1445; on gpu-decode
-// 5.8-6.1 ms against 5.6 and 7.0 (within 10 %). On lavapipe about 30x faster than vulkan_fused.
-// (On the CUDA target vulkan_onepass is the fastest: 0.90 / 199 ms.)
-const char* default_vulkan_schedule() { return "vulkan_tiled"; }
+// The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the
+// SPIR-V stage on; per shape class the tuning database's entries take precedence):
+// - a GPU through Vulkan: vulkan_onepass. Measured on the NVIDIA H200 only: gpu-decode 2.32 ms
+//   against vulkan_tiled's 2.77 (experiments/results/gpu/2026-12-01/gpu_bench_variants_robust_on.json);
+//   on gpu-prefill vulkan_tiled is 3.6 % faster (311 against 322 ms, gpu_bench_stage_on.json there),
+//   which the database's H200 entry for that shape class picks.
+// - CUDA (H200): vulkan_onepass, 0.87 ms against 1.41 on gpu-decode (gpu_bench_stage_on.json).
+// - a CPU Vulkan device (lavapipe in CI): vulkan_tiled, about 30x faster there than vulkan_fused
+//   (README "Vulkan (GPU)").
+const char* default_gpu_schedule(const std::string& target) {
+  if (is_cuda_target(target)) return "vulkan_onepass";
+  for (const auto& d : vulkan_devices()) {
+    if (d.type != "cpu") return "vulkan_onepass";
+  }
+  return "vulkan_tiled";
+}
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU
   // paths on the GPU shapes (README "Vulkan"); on lavapipe (a CPU device) they are slower than

@@ -10,7 +10,8 @@ void register_all_backends();
 // The backend the CLI uses when --backend is not given: the fastest correct one on this machine.
 const char* default_backend();
 const char* default_cpu_schedule();
-const char* default_vulkan_schedule();
+// The default schedule of a GPU target (host-vulkan or host-cuda) on the devices present.
+const char* default_gpu_schedule(const std::string& target);
 // "host-vulkan" where a Vulkan GPU (not a CPU device such as lavapipe) is present, else "host".
 std::string default_target();
 

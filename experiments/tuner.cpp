@@ -30,8 +30,15 @@ namespace {
 
 using json = nlohmann::json;
 
+// A Vulkan target's entries are keyed by the device the kernels run on (the first one the loader
+// reports, as Halide picks it), a CPU target's by the host CPU.
 std::string db_key(const std::string& shape_class, const std::string& target) {
-  return shape_class + "|" + target + "|" + machine_fingerprint() + "|halide-" + halide_version();
+  std::string machine = machine_fingerprint();
+  if (is_vulkan_target(target)) {
+    const auto devices = vulkan_devices();
+    machine = devices.empty() ? "no Vulkan device" : devices.front().name;
+  }
+  return shape_class + "|" + target + "|" + machine + "|halide-" + halide_version();
 }
 
 json load_json(const std::string& path, json fallback) {

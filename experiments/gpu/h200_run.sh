@@ -39,7 +39,10 @@ for step in "$@"; do
       # its idle clock until the GPU has been busy a while; the benchmark warms up for that).
       nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw --format=csv -lms 200 \
         > "$OUT/${BENCH_JSON:-gpu_bench.json}.clocks.csv" 2>&1 & smi=$!
-      timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" --case-dir /tmp/cases ${BENCH_ARGS:-} > /dev/null
+      # CASE_DIR= (empty) skips writing the inputs for the torch step (gpu-decode's are 4 GB).
+      cases=${CASE_DIR-/tmp/cases}
+      timeout ${BENCH_TIMEOUT:-420} $BIN/kvouter_gpu_bench --json "$OUT/${BENCH_JSON:-gpu_bench.json}" \
+        ${cases:+--case-dir "$cases"} ${BENCH_ARGS:-} > /dev/null
       kill $smi ;;
     vkstats)
       # The driver's statistics (registers, memory) of the carried kernels' SPIR-V (.carry/spv,

@@ -11,6 +11,8 @@
 #include <string>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "case_gen.h"
 #include "schedules.h"
 #include "tuner.h"
@@ -153,6 +155,36 @@ TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
   EXPECT_GT(choice->median_ms, 0);
   EXPECT_FALSE(lookup_tuned(make_case(named_shape("decode")), "host", opt.db).has_value());
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvouter::experiments
+
+namespace kvouter::experiments {
+namespace {
+
+// The committed database's GPU entries: one per GPU shape class on the device it was measured on,
+// each naming a registered Vulkan schedule and the committed result file it was taken from.
+TEST(Tuner, CommittedDatabaseHoldsTheH200DefaultsWithTheirSources) {
+  const std::string root = KVOUTER_TEST_SOURCE_DIR;
+  std::ifstream f(root + "/experiments/results/tuning_db.json");
+  ASSERT_TRUE(f);
+  const auto db = nlohmann::json::parse(f);
+  for (const char* shape : {"gpu-decode", "gpu-prefill"}) {
+    CaseSpec s = named_shape(shape);  // a small case of the same class (D, block, page, qhead, decode)
+    s.qo = std::string(shape) == "gpu-decode" ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{600};
+    s.kv = {700, 700};
+    if (s.qo.size() == 1) s.kv = {700};
+    const std::string key = ShapeClass::of(make_case(s)).name + "|host-vulkan|NVIDIA H200|halide-21.0.0";
+    ASSERT_TRUE(db["entries"].contains(key)) << key;
+    const auto& e = db["entries"][key];
+    const pipeline::ScheduleInfo* info = pipeline::find_schedule(e["schedule"].get<std::string>());
+    ASSERT_NE(info, nullptr);
+    EXPECT_EQ(info->device, "vulkan");
+    const std::string source = e["source"].get<std::string>();
+    const std::string file = source.substr(0, source.find(' '));
+    EXPECT_TRUE(std::filesystem::exists(root + "/" + file)) << file;
+  }
 }
 
 }  // namespace
