@@ -33,7 +33,7 @@ for step in "$@"; do
       lscpu | grep -E "Model name|^CPU\(s\)|Flags" | cut -c1-200 | tee -a "$OUT/env.txt" ;;
     tests)
       # No validation layer there (not installed); the same tests run under it on lavapipe in CI.
-      timeout 300 $BIN/vulkan_test --gtest_brief=1 2>&1 | grep -v "^Vulkan: Configuring" | tee "$OUT/gpu_tests.log" | tail -25 ;;
+      timeout ${TESTS_TIMEOUT:-300} $BIN/vulkan_test --gtest_brief=1 2>&1 | grep -v "^Vulkan: Configuring" | tee "$OUT/gpu_tests.log" | tail -25 ;;
     bench)
       # The SM clock, sampled while the benchmark runs (the driver keeps a Vulkan-only load at
       # its idle clock until the GPU has been busy a while; the benchmark warms up for that).
