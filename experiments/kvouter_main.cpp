@@ -85,6 +85,33 @@ void main_help() {
   print_backends(std::cout);
 }
 
+// `kvouter COMMAND --help` for the commands other than run (whose help lists the backends): the
+// command's lines of the main help.
+bool command_help(const std::string& cmd) {
+  static const std::map<std::string, std::string> help = {
+      {"demo", "usage: kvouter demo [--shape NAME]\n  run a named shape (SPEC section 5; default tiny) through "
+               "every backend, checked against the oracle, and print a table\n"},
+      {"roofline", "usage: kvouter roofline\n  measure this machine's FP32 FMA peak and read bandwidth; prints "
+                   "one JSON line\n"},
+      {"make-case", "usage: kvouter make-case SHAPE DIR\n  write a SPEC section 5 shape (tiny, prefill, decode, "
+                    "gpu-prefill, gpu-decode) as a case folder\n"},
+      {"export", "usage: kvouter export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR]\n"
+                 "                      [--name N] [--tuned]\n  AOT-generate one configuration (generic, or "
+                 "specialised to a case's shape; --tuned takes the tuning database's winner for that case)\n"},
+      {"sweep", "usage: kvouter sweep CONFIG.yaml [--shard K/N] [--out FILE] [--point ID] [--results DIR]\n"
+                "  run a grid of shapes x runs, checked and timed, one JSONL record per point\n"},
+      {"sweep-merge", "usage: kvouter sweep-merge OUT.jsonl IN.jsonl...\n  join sweep shards\n"},
+      {"tune", "usage: kvouter tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE]\n"
+               "                    [--log FILE] [--warmup-ms MS]\n  autotune the JIT schedules against the "
+               "Eigen oracle (the CPU ones for host, the Vulkan ones for host-vulkan); resumable; winners go to "
+               "the database that `run` reads for its default choice\n"},
+  };
+  const auto it = help.find(cmd);
+  if (it == help.end()) return false;
+  std::cout << it->second;
+  return true;
+}
+
 void run_help() {
   std::cout << "usage: kvouter run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME]\n"
                "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n\n"
@@ -408,6 +435,9 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[0];
   args.erase(args.begin());
+  const bool wants_help = std::find(args.begin(), args.end(), "--help") != args.end() ||
+                          std::find(args.begin(), args.end(), "-h") != args.end();
+  if (wants_help && cmd != "run" && command_help(cmd)) return 0;
   try {
     if (cmd == "run") {
       if (std::find(args.begin(), args.end(), "--help") != args.end()) {

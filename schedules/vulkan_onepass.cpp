@@ -18,17 +18,14 @@
 // The block must be one chunk (the registry passes chunk 4096).
 // Knobs: rows (rows per workgroup), unroll (register tile edge), vec (the tile's vector width),
 // slice (K channels staged per step).
-// Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)", session 6,
-// experiments/results/gpu/gpu_bench_*_vec*.json): on host-cuda (rows 16, unroll 4, 4-wide)
-// gpu-decode 0.84-0.85 ms = 26.3 % of HBM bandwidth (target 60 %: not met; 0.90 ms scalar in the
-// same run), gpu-prefill 177 ms = 17.4 % of FP32 peak (target 20 %, <= 155 ms: not met; 191 ms
-// scalar in the same run); the fastest kvouter kernels there. On host-vulkan (rows 16, unroll 2,
-// 2-wide) gpu-decode 5.5-5.7 ms = 4 % of HBM, gpu-prefill 916 ms = 3.4 %. The NVIDIA Vulkan
-// driver gives these kernels 64 (unroll 2) to 157 (unroll 4, scalar) registers per thread
-// (vk_pipeline_stats) where ptxas gives the CUDA twin 56, and larger register tiles are slower
-// on Vulkan (unroll 4: 9.0 ms; rows 8: 28 ms) while they are faster on CUDA. Fewer K channels per
-// slice (slice 16 / 8: 33 / 29 KiB of shared memory instead of 41) changed neither target beyond
-// noise. ncu (decode, CUDA): K/V read exactly once, 22 % of DRAM bandwidth, 30 % of warps active.
+// Measured 2026-12-01 (H200, AOT, warm clocks, kernel medians of 5,
+// experiments/results/gpu/2026-12-01/gpu_bench_stage_on.json): on host-vulkan with the SPIR-V
+// stage (docs/spirv_stage.md; rows 16, unroll 2, 2-wide) gpu-decode 2.30 ms = 9.7 % of HBM
+// bandwidth (5.20 ms without the stage; target 60 %: not met), gpu-prefill 322 ms = 9.6 % of FP32
+// peak (910 ms without); on host-cuda (rows 16, unroll 4, 4-wide) 0.87 ms = 25.7 % of HBM and
+// 182 ms = 16.9 % of FP32 peak, the fastest kvouter kernels there. With the stage the NVIDIA
+// Vulkan driver gives it 64-84 registers per thread (ptxas: 56 for the CUDA twin); the unroll-4
+// tile is still 10 % slower on Vulkan decode (gpu_bench_variants_robust_on.json there).
 #include <algorithm>
 
 #include "schedules.h"

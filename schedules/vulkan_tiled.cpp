@@ -16,12 +16,11 @@
 // cover the block (the registry passes 4096; a chunk smaller than the block is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
-// Measured (H200, AOT, warm clocks, kernel medians, README "Vulkan (GPU)"): host-vulkan
-// gpu-decode 5.78-6.11 ms = 3.7-3.9 % of HBM bandwidth (target 60 %: not met), gpu-prefill
-// 936 ms = 3.3 % of FP32 peak (target 20 %: not met); the same schedule on host-cuda 1.39 ms
-// (16.1 % of HBM) and 267 ms (11.5 %); vulkan_onepass is faster on CUDA. The default Vulkan
-// schedule (prefill: 936 against vulkan_onepass's 1142 ms). On lavapipe (CI) it is for
-// correctness only.
+// Measured 2026-12-01 (H200, AOT, warm clocks, kernel medians of 5, SPIR-V stage on,
+// experiments/results/gpu/2026-12-01/gpu_bench_stage_on.json): host-vulkan gpu-decode 2.99 ms
+// = 7.5 % of HBM bandwidth (target 60 %: not met), gpu-prefill 311 ms = 9.9 % of FP32 peak, the
+// fastest Vulkan kernel there (vulkan_onepass 322 ms; the H200's tuning-database entry for
+// gpu-prefill); host-cuda gpu-decode 1.41 ms. On lavapipe (CI), the default Vulkan schedule.
 #include <algorithm>
 
 #include "kvouter/tile_layout.h"

@@ -52,6 +52,24 @@ std::vector<VulkanDevice> vulkan_devices(std::string* why) {
   return out;
 }
 
+std::vector<std::string> vulkan_instance_layers() {
+  std::vector<std::string> out;
+  void* lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return out;
+  auto get = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib, "vkGetInstanceProcAddr"));
+  auto enumerate = get ? reinterpret_cast<PFN_vkEnumerateInstanceLayerProperties>(
+                             get(nullptr, "vkEnumerateInstanceLayerProperties"))
+                       : nullptr;
+  uint32_t n = 0;
+  if (enumerate && enumerate(&n, nullptr) == VK_SUCCESS && n > 0) {
+    std::vector<VkLayerProperties> layers(n);
+    if (enumerate(&n, layers.data()) == VK_SUCCESS) {
+      for (uint32_t i = 0; i < n; ++i) out.push_back(layers[i].layerName);
+    }
+  }
+  return out;
+}
+
 int64_t vulkan_max_buffer_floats() {
   static const int64_t floats = [] {
     uint64_t bytes = 0;

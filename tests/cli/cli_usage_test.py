@@ -29,6 +29,9 @@ expect(r.returncode == 0 and "direct" in r.stdout and "dense" in r.stdout, "--he
 r = run("run", "--help")
 expect(r.returncode == 0 and "--backend" in r.stdout and "schedules:" in r.stdout, "run --help lists options")
 expect("unroll grain slice" in r.stdout, "run --help lists the knobs")
+for sub in ("demo", "roofline", "make-case", "export", "sweep", "sweep-merge", "tune"):
+    r = run(sub, "--help")
+    expect(r.returncode == 0 and r.stdout.startswith("usage: kvouter " + sub), sub + " --help exits 0 with its usage")
 r = run("run")
 expect(r.returncode == 2 and "CASE_DIR" in r.stderr, "run without CASE_DIR exits 2")
 r = run("frobnicate")

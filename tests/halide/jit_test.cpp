@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/errors.h"
+#include "kvouter/vulkan_probe.h"
 #include "kvouter/jit.h"
 #include "registry.h"
 #include "schedules.h"
@@ -129,16 +130,19 @@ TEST(Jit, ErrorsNameScheduleAndKnobs) {
     EXPECT_NE(std::string(e.what()).find("vec"), std::string::npos);
   }
   EXPECT_THROW(jit("cpu_tiled", {}, "not-a-target"), BackendError);
-  // A knob value that Halide rejects at compile time: the error names schedule and knobs.
-  auto backend = jit("cpu_tiled", {{"vec", "3"}, {"unroll", "4000"}});
+  // A knob value that Halide rejects at compile time: the error names schedule and knobs. A
+  // Vulkan workgroup past 1024 threads is one (vulkan_onepass refuses it when it schedules).
+  if (vulkan_devices().empty()) GTEST_SKIP() << "no Vulkan device for the compile-time check";
+  auto backend = jit("vulkan_onepass", {{"rows", "32"}, {"unroll", "1"}, {"chunk", "4096"}}, "host-vulkan");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
   const Plan plan = make_plan(in, backend->plan_options());
   try {
     backend->run(plan, in);
-    SUCCEED() << "Halide accepted the odd knobs";
+    ADD_FAILURE() << "a workgroup of more than 1024 threads compiled";
   } catch (const BackendError& e) {
-    EXPECT_NE(std::string(e.what()).find("cpu_tiled"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("unroll=4000"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vulkan_onepass"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unroll=1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than 1024"), std::string::npos) << e.what();
   }
 }
 

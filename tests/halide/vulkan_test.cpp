@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,6 +34,29 @@ namespace {
     std::string why;                                                                       \
     if (vulkan_devices(&why).empty()) GTEST_SKIP() << "no Vulkan device: " << why;         \
   } while (0)
+
+// ctest fails a gpu test whose output holds "Validation Error". That check means something only
+// if the layers HL_VK_LAYERS names are really there: every test of this binary fails when one is
+// missing, rather than passing unchecked.
+class RequestedLayersPresent : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* requested = std::getenv("HL_VK_LAYERS");
+    if (!requested || !*requested || vulkan_devices().empty()) return;
+    const auto available = vulkan_instance_layers();
+    std::string list = requested;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t end = std::min(list.find(':', start), list.size());
+      const std::string layer = list.substr(start, end - start);
+      if (!layer.empty() && std::find(available.begin(), available.end(), layer) == available.end()) {
+        FAIL() << "HL_VK_LAYERS names " << layer << ", which the Vulkan loader cannot load: the "
+               << "\"Validation Error\" check would pass without validating anything";
+      }
+      start = end + 1;
+    }
+  }
+};
+const auto* const kLayersPresent = ::testing::AddGlobalTestEnvironment(new RequestedLayersPresent);
 
 // The manual Vulkan schedules (every one must pass everything) and the autoscheduled GPU twins.
 std::vector<std::string> vulkan_schedules(bool twins = false) {

@@ -30,10 +30,22 @@ TEST(Index, RepeatedIdCountsOnce) {
   const Problem p = validate(in);
   const KvIndex ix = build_kvouter_index(in, p);
   ASSERT_EQ(ix.num_edges(), 2);
-  EXPECT_EQ(ix.inverse[0], ix.inverse[0]);
-  EXPECT_GE(ix.inverse[0], 0);   // first occurrence of 1 kept
-  EXPECT_EQ(ix.inverse[1], -1);  // repeats dropped
-  EXPECT_GE(ix.inverse[2], 0);
+  // The first occurrence of each block is kept, as rank 0 (block 1) and rank 2 (block 0): two
+  // different edges, each of the unit of its block; the repeats are dropped.
+  ASSERT_GE(ix.inverse[0], 0);
+  ASSERT_GE(ix.inverse[2], 0);
+  EXPECT_NE(ix.inverse[0], ix.inverse[2]);
+  EXPECT_EQ(ix.edge_rank[ix.inverse[0]], 0);
+  EXPECT_EQ(ix.edge_rank[ix.inverse[2]], 2);
+  auto block_of = [&](int32_t edge) {
+    for (int64_t u = 0; u < ix.num_units(); ++u) {
+      if (edge >= ix.unit_edge_begin[u] && edge < ix.unit_edge_begin[u + 1]) return ix.unit_block[u];
+    }
+    return -1;
+  };
+  EXPECT_EQ(block_of(ix.inverse[0]), 1);
+  EXPECT_EQ(block_of(ix.inverse[2]), 0);
+  EXPECT_EQ(ix.inverse[1], -1);
   EXPECT_EQ(ix.inverse[3], -1);
 }
 

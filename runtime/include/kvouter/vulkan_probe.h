@@ -20,6 +20,9 @@ struct VulkanDevice {
 // device). Never aborts.
 std::vector<VulkanDevice> vulkan_devices(std::string* why = nullptr);
 
+// The instance layers the Vulkan loader can enable (empty without a loader).
+std::vector<std::string> vulkan_instance_layers();
+
 // The most floats one device buffer of the Vulkan pipelines may hold: the smallest storage-buffer
 // range of the devices present (Halide may pick any), within Halide's int32 indexing, less the
 // runtime's 64-byte padding. 0 when there is no device.
