@@ -60,9 +60,43 @@ Inputs load_case(const std::string& dir) {
     in.softmax_scale = j["softmax_scale"].get<float>();
   }
   auto file = [&](const char* name) { return (fs::path(dir) / (std::string(name) + ".npy")).string(); };
-  in.q = load_npy<float>(file("q"), "q");
-  in.k_pages = load_npy<float>(file("k_pages"), "k_pages");
-  in.v_pages = load_npy<float>(file("v_pages"), "v_pages");
+  // SPEC section 1: q, k_pages and v_pages share one storage dtype, which case.json may name;
+  // '<u2' files are bfloat16 bits only where it says so. Values are widened exactly to float32,
+  // in which every backend computes.
+  const std::string dq = npy_descr(file("q"), "q");
+  for (const char* other : {"k_pages", "v_pages"}) {
+    const std::string d = npy_descr(file(other), other);
+    if (d != dq) throw InputError(std::string(other) + " dtype", "q's dtype " + npy_dtype_name(dq), npy_dtype_name(d));
+  }
+  std::string named;
+  if (j.contains("dtype")) {
+    const auto& v = j["dtype"];
+    if (!v.is_string() || (v != "float32" && v != "float16" && v != "bfloat16")) {
+      throw InputError("case.json dtype", "\"float32\", \"float16\" or \"bfloat16\"", v.dump());
+    }
+    named = v.get<std::string>();
+  }
+  StorageDtype dtype;
+  std::string files;
+  if (dq == "<f4") {
+    dtype = StorageDtype::kFloat32, files = "float32";
+  } else if (dq == "<f2") {
+    dtype = StorageDtype::kFloat16, files = "float16";
+  } else if (dq == "<u2") {
+    if (named != "bfloat16") {
+      throw InputError("q dtype", "float32, float16, or uint16 bits with case.json \"dtype\": \"bfloat16\"",
+                       "uint16 with " + (named.empty() ? std::string("no case.json dtype") : "case.json dtype " + named));
+    }
+    dtype = StorageDtype::kBFloat16, files = "bfloat16";
+  } else {
+    throw InputError("q dtype", "float32, float16 or bfloat16 (as uint16 bits)", npy_dtype_name(dq));
+  }
+  if (!named.empty() && named != files) {
+    throw InputError("case.json dtype", "the files' dtype " + files, named);
+  }
+  in.q = load_npy_widened(file("q"), "q", dtype);
+  in.k_pages = load_npy_widened(file("k_pages"), "k_pages", dtype);
+  in.v_pages = load_npy_widened(file("v_pages"), "v_pages", dtype);
   in.selected = load_npy<int32_t>(file("selected"), "selected");
   in.block_tables = load_npy<int32_t>(file("block_tables"), "block_tables");
   in.cu_seqlens_q = load_npy<int64_t>(file("cu_seqlens_q"), "cu_seqlens_q");

@@ -38,6 +38,10 @@ template <>
 struct NpyType<int64_t> {
   static constexpr const char* descr = "<i8";
 };
+template <>
+struct NpyType<uint16_t> {  // bfloat16 bits; float16 files are read as their bits too ("<f2")
+  static constexpr const char* descr = "<u2";
+};
 
 // numpy's type name of a descr such as '<f4' (float32), for dtype errors.
 std::string dtype_name(const std::string& descr) {
@@ -163,8 +167,8 @@ class HeaderParser {
   size_t pos_ = 0;
 };
 
-template <class T>
-Tensor<T> read_npy(std::ifstream& f, uint64_t file_size, const std::string& field) {
+// Reads the preamble and header; `offset` is then where the payload starts.
+NpyHeader read_header(std::ifstream& f, uint64_t file_size, uint64_t& offset_out) {
   char pre[12];
   if (file_size < 10 || !f.read(pre, 10)) throw CaseFileError("shorter than a .npy preamble");
   if (std::memcmp(pre, kMagic, kMagicSize) != 0) throw CaseFileError("not a .npy file (bad magic)");
@@ -190,10 +194,18 @@ Tensor<T> read_npy(std::ifstream& f, uint64_t file_size, const std::string& fiel
   if (!f.read(text.data(), static_cast<std::streamsize>(header_len)))
     throw CaseFileError("cannot read the header");
   offset += header_len;
-  const NpyHeader h = HeaderParser(text).parse();
+  offset_out = offset;
+  return HeaderParser(text).parse();
+}
 
-  if (h.descr != NpyType<T>::descr) {
-    throw InputError(field + " dtype", dtype_name(NpyType<T>::descr), dtype_name(h.descr));
+// `descr` is the file's expected element type (by default T's own).
+template <class T>
+Tensor<T> read_npy(std::ifstream& f, uint64_t file_size, const std::string& field,
+                   const char* descr = NpyType<T>::descr) {
+  uint64_t offset = 0;
+  const NpyHeader h = read_header(f, file_size, offset);
+  if (h.descr != descr) {
+    throw InputError(field + " dtype", dtype_name(descr), dtype_name(h.descr));
   }
   if (h.fortran_order) throw CaseFileError("Fortran-order arrays are not supported (save C order)");
   int64_t count = 1, bytes = 0;
@@ -219,8 +231,11 @@ Tensor<T> read_npy(std::ifstream& f, uint64_t file_size, const std::string& fiel
 
 }  // namespace
 
-template <class T>
-Tensor<T> load_npy(const std::string& path, const std::string& field) {
+namespace {
+
+// Opens `path` and calls read(f, size), with the file named in a CaseFileError.
+template <class Read>
+auto with_npy_file(const std::string& path, const std::string& field, Read read) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw CaseFileError(field + ": missing file " + path);
@@ -228,10 +243,68 @@ Tensor<T> load_npy(const std::string& path, const std::string& field) {
   std::ifstream f(path, std::ios::binary);
   if (ec || !f) throw CaseFileError(field + ": cannot read " + path + ": cannot open");
   try {
-    return read_npy<T>(f, size, field);
+    return read(f, size);
   } catch (const CaseFileError& e) {
     throw CaseFileError(field + ": cannot read " + path + ": " + e.what());
   }
+}
+
+// IEEE binary16 to float32, exactly (subnormals, infinities and NaN included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exp = 113;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+template <class T>
+Tensor<T> load_npy(const std::string& path, const std::string& field) {
+  return with_npy_file(path, field, [&](std::ifstream& f, uint64_t size) { return read_npy<T>(f, size, field); });
+}
+
+std::string npy_descr(const std::string& path, const std::string& field) {
+  return with_npy_file(path, field, [&](std::ifstream& f, uint64_t size) {
+    uint64_t offset = 0;
+    return read_header(f, size, offset).descr;
+  });
+}
+
+std::string npy_dtype_name(const std::string& descr) { return dtype_name(descr); }
+
+Tensor<float> load_npy_widened(const std::string& path, const std::string& field, StorageDtype dtype) {
+  if (dtype == StorageDtype::kFloat32) return load_npy<float>(path, field);
+  const Tensor<uint16_t> bits = with_npy_file(path, field, [&](std::ifstream& f, uint64_t size) {
+    return read_npy<uint16_t>(f, size, field, dtype == StorageDtype::kFloat16 ? "<f2" : "<u2");
+  });
+  Tensor<float> t;
+  t.shape = bits.shape;
+  t.data.resize(bits.data.size());
+  for (size_t i = 0; i < bits.data.size(); ++i) {
+    if (dtype == StorageDtype::kFloat16) {
+      t.data[i] = half_to_float(bits.data[i]);
+    } else {
+      const uint32_t b = static_cast<uint32_t>(bits.data[i]) << 16;  // bfloat16: the upper half
+      std::memcpy(&t.data[i], &b, sizeof(float));
+    }
+  }
+  return t;
 }
 
 template <class T>

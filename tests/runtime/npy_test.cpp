@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 
+#include "case_gen.h"
 #include "kvouter/case_io.h"
 #include "kvouter/errors.h"
 
@@ -152,6 +157,106 @@ TEST_F(NpyTest, WrongDtypeIsAnInputErrorNamingBoth) {
     FAIL() << "no error";
   } catch (const InputError& e) {
     EXPECT_STREQ(e.what(), "selected dtype: expected int32, got int32 (big-endian)");
+  }
+}
+
+
+// 16-bit storage (SPEC section 1): float16 and bfloat16 files widen exactly to float32.
+TEST_F(NpyTest, SixteenBitFilesWidenExactly) {
+  // float16: 1, -2, 65504 (max), 2^-24 (smallest subnormal), 2^-14 (smallest normal), -0, inf.
+  const std::vector<uint16_t> h = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x0400, 0x8000, 0x7C00};
+  const std::vector<float> hf = {1.f, -2.f, 65504.f, 5.9604644775390625e-8f, 6.103515625e-5f, -0.f,
+                                 std::numeric_limits<float>::infinity()};
+  std::string payload(reinterpret_cast<const char*>(h.data()), h.size() * 2);
+  write("h.npy", header("{'descr': '<f2', 'fortran_order': False, 'shape': (7,), }") + payload);
+  const Tensor<float> th = load_npy_widened(path("h.npy"), "q", StorageDtype::kFloat16);
+  ASSERT_EQ(th.data.size(), hf.size());
+  for (size_t i = 0; i < hf.size(); ++i) {
+    EXPECT_EQ(th.data[i], hf[i]) << i;
+    EXPECT_EQ(std::signbit(th.data[i]), std::signbit(hf[i])) << i;
+  }
+  EXPECT_TRUE(std::isnan(load_npy_widened(write("nan.npy", header("{'descr': '<f2', 'fortran_order': False, 'shape': (1,), }") +
+                                                               std::string("\x01\x7e", 2)),
+                                          "q", StorageDtype::kFloat16)
+                             .data[0]));
+  // bfloat16 bits: the upper half of the float32 value (1.5, -3.25, the float32 subnormal 2^-133).
+  const std::vector<float> bf = {1.5f, -3.25f, 0x1p-133f};
+  std::vector<uint16_t> bits;
+  for (float f : bf) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits.push_back(static_cast<uint16_t>(u >> 16));
+  }
+  write("b.npy", header("{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }") +
+                     std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2));
+  const Tensor<float> tb = load_npy_widened(path("b.npy"), "k_pages", StorageDtype::kBFloat16);
+  for (size_t i = 0; i < bf.size(); ++i) EXPECT_EQ(tb.data[i], bf[i]) << i;
+  // A float32 file where float16 is expected is a dtype error naming both.
+  save_npy(path("f.npy"), Tensor<float>({1}, 1.f));
+  try {
+    load_npy_widened(path("f.npy"), "q", StorageDtype::kFloat16);
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("float16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+  }
+}
+
+// The case folder's storage dtype (SPEC section 1, section 3): each bad combination is an
+// InputError naming the field.
+TEST_F(NpyTest, CaseDtypesAgreeOrAreTypedErrors) {
+  experiments::CaseSpec spec = experiments::named_shape("tiny");
+  const Inputs in = experiments::make_case(spec);
+  const std::string dir = path("case");
+  save_case(dir, in);
+  auto as_bits = [&](const char* name, const char* descr) {  // the float32 file's upper halves
+    const Tensor<float> t = load_npy<float>(dir + "/" + name + ".npy", name);
+    std::string payload;
+    for (float f : t.data) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      const uint16_t b = static_cast<uint16_t>(u >> 16);
+      payload.append(reinterpret_cast<const char*>(&b), 2);
+    }
+    std::string shape = "(";
+    for (int64_t e : t.shape) shape += std::to_string(e) + ", ";
+    write(std::string("case/") + name + ".npy",
+          header("{'descr': '" + std::string(descr) + "', 'fortran_order': False, 'shape': " + shape + "), }") + payload);
+  };
+  auto set_json = [&](const std::string& extra) {
+    std::ofstream(dir + "/case.json") << "{\"block_size\": " << in.block_size << ", \"page_size\": " << in.page_size
+                                      << ", \"causal\": " << (in.causal ? "true" : "false") << extra << "}";
+  };
+  auto field_of_error = [&]() -> std::string {
+    try {
+      load_case(dir);
+    } catch (const InputError& e) {
+      return e.field();
+    }
+    return "no error";
+  };
+  set_json(", \"dtype\": \"float16\"");
+  EXPECT_EQ(field_of_error(), "case.json dtype");  // float32 files
+  set_json(", \"dtype\": \"float64\"");
+  EXPECT_EQ(field_of_error(), "case.json dtype");
+  set_json("");
+  as_bits("k_pages", "<u2");
+  EXPECT_EQ(field_of_error(), "k_pages dtype");  // mixed with q's float32
+  as_bits("q", "<u2");
+  as_bits("v_pages", "<u2");
+  EXPECT_EQ(field_of_error(), "q dtype");  // <u2 without "dtype": "bfloat16"
+  set_json(", \"dtype\": \"float16\"");
+  EXPECT_EQ(field_of_error(), "q dtype");
+  set_json(", \"dtype\": \"bfloat16\"");
+  const Inputs b = load_case(dir);  // the bfloat16 truncation of every value, widened exactly
+  ASSERT_EQ(b.q.data.size(), in.q.data.size());
+  for (size_t i = 0; i < in.q.data.size(); i += 97) {
+    uint32_t u;
+    std::memcpy(&u, &in.q.data[i], 4);
+    u &= 0xFFFF0000u;
+    float want;
+    std::memcpy(&want, &u, 4);
+    EXPECT_EQ(b.q.data[i], want) << i;
   }
 }
 
