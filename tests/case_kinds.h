@@ -2,12 +2,21 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "case_gen.h"
 
 namespace kvouter::testing {
+
+// The name of a (schedule, (case kind, spec)) test parameter: "<schedule>_<kind>".
+struct ScheduleKindName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
+  }
+};
 
 inline std::vector<std::pair<std::string, experiments::CaseSpec>> case_kinds() {
   using experiments::CaseSpec;

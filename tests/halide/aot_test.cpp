@@ -50,9 +50,7 @@ TEST_P(AotScheduleTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(ScheduleXKind, AotScheduleTest,
                          ::testing::Combine(::testing::ValuesIn(manual_aot_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds())),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
-                         });
+                         testing::ScheduleKindName());
 
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");

@@ -53,9 +53,7 @@ TEST_P(JitScheduleTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(ScheduleXKind, JitScheduleTest,
                          ::testing::Combine(::testing::ValuesIn(cpu_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds())),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
-                         });
+                         testing::ScheduleKindName());
 
 // Knobs change the schedule, never the result: small tiles, multi-chunk blocks, odd register tiles.
 class JitKnobTest : public ::testing::TestWithParam<std::map<std::string, std::string>> {};

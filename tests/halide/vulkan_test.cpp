@@ -119,9 +119,7 @@ TEST_P(VulkanJitTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanJitTest,
                          ::testing::Combine(::testing::ValuesIn(vulkan_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds())),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
-                         });
+                         testing::ScheduleKindName());
 
 std::vector<std::string> fitting_variants(const std::string& schedule, const std::string& target, const Inputs& in);
 
@@ -165,9 +163,7 @@ TEST_P(VulkanAotGenericTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanAotGenericTest,
                          ::testing::Combine(::testing::ValuesIn(vulkan_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds())),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
-                         });
+                         testing::ScheduleKindName());
 
 // Without naming a variant, the most specific one that fits is chosen: the generic one for shapes
 // no specialised variant covers (D 72, block 256 here).
@@ -210,9 +206,7 @@ TEST_P(VulkanTwinTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(TwinXKind, VulkanTwinTest,
                          ::testing::Combine(::testing::ValuesIn(vulkan_schedules(true)),
                                             ::testing::ValuesIn(testing::case_kinds())),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::get<1>(info.param).first;
-                         });
+                         testing::ScheduleKindName());
 
 // The SPIR-V stage sits in front of the driver for JIT and AOT kernels alike: every module they
 // create passes through it (rewritten, or counted as kept), and the outputs still match the oracle
