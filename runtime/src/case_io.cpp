@@ -64,6 +64,9 @@ Inputs load_case(const std::string& dir) {
   // '<u2' files are bfloat16 bits only where it says so. Values are widened exactly to float32,
   // in which every backend computes.
   const std::string dq = npy_descr(file("q"), "q");
+  if (dq != "<f4" && dq != "<f2" && dq != "<u2") {
+    throw InputError("q dtype", "float32, float16 or bfloat16 (as uint16 bits)", npy_dtype_name(dq));
+  }
   for (const char* other : {"k_pages", "v_pages"}) {
     const std::string d = npy_descr(file(other), other);
     if (d != dq) throw InputError(std::string(other) + " dtype", "q's dtype " + npy_dtype_name(dq), npy_dtype_name(d));
