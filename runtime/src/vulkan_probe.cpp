@@ -12,7 +12,14 @@
 
 namespace kvouter {
 
-std::vector<VulkanDevice> vulkan_devices(std::string* why) {
+namespace {
+
+// The devices, found once per process. The instance that found them is kept, never destroyed:
+// destroying it lets the loader unload the driver, and lavapipe (Mesa 22.3.6) leaves a 128-byte
+// allocation made at its start-up behind, which LeakSanitizer then reports from an unloaded
+// module in every process that asked (measured under the asan preset). Kept, the driver stays
+// loaded and that allocation reachable; the device list does not change during a process.
+std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
   std::vector<VulkanDevice> out;
   auto fail = [&](const std::string& w) {
     if (why) *why = w;
@@ -31,7 +38,6 @@ std::vector<VulkanDevice> vulkan_devices(std::string* why) {
   }
   auto enumerate = reinterpret_cast<PFN_vkEnumeratePhysicalDevices>(get(inst, "vkEnumeratePhysicalDevices"));
   auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(inst, "vkGetPhysicalDeviceProperties"));
-  auto destroy = reinterpret_cast<PFN_vkDestroyInstance>(get(inst, "vkDestroyInstance"));
   uint32_t n = 0;
   if (enumerate && enumerate(inst, &n, nullptr) == VK_SUCCESS && n > 0) {
     std::vector<VkPhysicalDevice> devs(n);
@@ -47,9 +53,17 @@ std::vector<VulkanDevice> vulkan_devices(std::string* why) {
       out.push_back({p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange, p.limits.maxComputeSharedMemorySize});
     }
   }
-  if (destroy) destroy(inst, nullptr);
   if (out.empty()) return fail("the Vulkan loader found no physical device");
   return out;
+}
+
+}  // namespace
+
+std::vector<VulkanDevice> vulkan_devices(std::string* why) {
+  static std::string reason;
+  static const std::vector<VulkanDevice> devices = find_vulkan_devices(&reason);
+  if (why && devices.empty()) *why = reason;
+  return devices;
 }
 
 std::vector<std::string> vulkan_instance_layers() {

@@ -1,8 +1,10 @@
 // fuzz_npy: the .npy loader (case_io). The bytes become a file that is loaded as every dtype the
-// loader accepts (f32, i32, i64). The loader may only throw the project's typed errors
+// loader accepts (f32, i32, i64), and as each 16-bit storage dtype widened to float32 (f16, and
+// bf16 bits as u2), whose values must be exactly representable in the narrow type. The loader may only throw the project's typed errors
 // (CaseFileError for a malformed file, InputError for a wrong dtype); what it returns must be
 // consistent (element count = product of the shape, no more payload than the file holds) and
 // must survive a save/load round trip bit for bit.
+#include <cmath>
 #include <cstring>
 
 #include "fuzz_common.h"
@@ -45,6 +47,29 @@ void load_as(const std::string& path, const std::string& copy, size_t file_size)
              "round trip changed the data");
 }
 
+void load_widened(const std::string& path, StorageDtype dtype, size_t file_size) {
+  Tensor<float> t;
+  try {
+    t = load_npy_widened(path, "fuzz", dtype);
+  } catch (const CaseFileError&) {
+    return;
+  } catch (const InputError&) {
+    return;
+  }
+  FUZZ_CHECK(t.data.size() * 2 <= file_size, "more 16-bit payload than the file holds");
+  for (float v : t.data) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (dtype == StorageDtype::kBFloat16) {
+      FUZZ_CHECK((bits & 0xFFFFu) == 0, "bfloat16 widened with low bits %08x", bits);
+    } else if (std::isfinite(v)) {
+      // Every finite half is a multiple of 2^-24 and at most 65504 in magnitude.
+      const double scaled = static_cast<double>(v) * 16777216.0;
+      FUZZ_CHECK(std::fabs(v) <= 65504.f && scaled == std::floor(scaled), "not a half value: %g", v);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -54,5 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   load_as<float>(path, copy, size);
   load_as<int32_t>(path, copy, size);
   load_as<int64_t>(path, copy, size);
+  load_widened(path, StorageDtype::kFloat16, size);
+  load_widened(path, StorageDtype::kBFloat16, size);
   return 0;
 }

@@ -52,6 +52,9 @@ def npy_seeds():
         write("fuzz_npy", f"{tag}_halide.npy", halide_style(np.arange(6, dtype=dtype).reshape(2, 3)))
     write("fuzz_npy", "f4_v2.npy", npy_bytes(np.ones((2, 2), dtype="<f4"), version=(2, 0)))
     write("fuzz_npy", "f8.npy", npy_bytes(np.ones(3, dtype="<f8")))
+    # 16-bit storage: float16 (subnormal, max, inf, nan among them) and bfloat16 bits.
+    write("fuzz_npy", "f2.npy", npy_bytes(np.array([1, -2, 6e-8, 65504, np.inf, np.nan], dtype="<f2")))
+    write("fuzz_npy", "u2_bf16.npy", npy_bytes(np.array([0x3FC0, 0xC050, 0x0001, 0x7F80], dtype="<u2")))
     write("fuzz_npy", "u1.npy", npy_bytes(np.ones(3, dtype="u1")))
     write("fuzz_npy", "bigendian.npy", npy_bytes(np.ones(3, dtype=">i4")))
     write("fuzz_npy", "fortran.npy", npy_bytes(np.asfortranarray(np.ones((2, 3), dtype="<f4"))))
@@ -83,6 +86,13 @@ def case_json_seeds():
     write("fuzz_case_json", "cu_bad", base + bytes([5]) + npy_bytes(np.array([0, 4, 5], dtype="<i8")))
     write("fuzz_case_json", "table_page_oob", base + bytes([4]) + npy_bytes(np.full((2, 6), 8, dtype="<i4")))
     write("fuzz_case_json", "q_wrong_heads", base + bytes([0]) + npy_bytes(np.zeros((5, 3, 4), dtype="<f4")))
+    # Storage dtypes (SPEC section 1): a key contradicting the files, an unknown key, and q alone
+    # in float16 or as bfloat16 bits (mixed with the float32 K/V).
+    write("fuzz_case_json", "dtype_contradicts.json", json.dumps({**valid, "dtype": "float16"}))
+    write("fuzz_case_json", "dtype_unknown.json", json.dumps({**valid, "dtype": "int8"}))
+    bf = json.dumps({**valid, "dtype": "bfloat16"}).encode() + b"\0"
+    write("fuzz_case_json", "q_bf16_mixed", bf + bytes([0]) + npy_bytes(np.zeros((5, 2, 4), dtype="<u2")))
+    write("fuzz_case_json", "q_f16_mixed", base + bytes([0]) + npy_bytes(np.zeros((5, 2, 4), dtype="<f2")))
 
 
 def random_seeds(target, count, rng):
