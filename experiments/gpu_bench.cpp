@@ -198,7 +198,7 @@ int run(int argc, char** argv) {
           // minutes on gpu-prefill; --variants-generic measures them too.
           if (!generic_variants) {
             fit.erase(std::remove_if(fit.begin(), fit.end(),
-                                     [](const std::string& v) { return v.find("_generic") != std::string::npos; }),
+                                     halide::aot_variant_is_generic),
                       fit.end());
           }
         }

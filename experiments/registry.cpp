@@ -78,21 +78,24 @@ const char* default_cpu_schedule() { return "cpu_tiled"; }
 // - CUDA (H200): vulkan_onepass, 0.87 ms against 1.41 on gpu-decode (gpu_bench_stage_on.json).
 // - a CPU Vulkan device (lavapipe in CI): vulkan_tiled, about 30x faster there than vulkan_fused
 //   (README "Vulkan (GPU)").
+namespace {
+
+// A Vulkan GPU, not a CPU device such as lavapipe.
+bool vulkan_gpu_present() {
+  const auto devices = vulkan_devices();
+  return std::any_of(devices.begin(), devices.end(), [](const VulkanDevice& d) { return d.type != "cpu"; });
+}
+
+}  // namespace
+
 const char* default_gpu_schedule(const std::string& target) {
-  if (is_cuda_target(target)) return "vulkan_onepass";
-  for (const auto& d : vulkan_devices()) {
-    if (d.type != "cpu") return "vulkan_onepass";
-  }
-  return "vulkan_tiled";
+  return is_cuda_target(target) || vulkan_gpu_present() ? "vulkan_onepass" : "vulkan_tiled";
 }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU
   // paths on the GPU shapes (README "Vulkan"); on lavapipe (a CPU device) they are slower than
   // the CPU schedules, so a CPU Vulkan device never becomes the default.
-  for (const auto& d : vulkan_devices()) {
-    if (d.type != "cpu") return "host-vulkan";
-  }
-  return "host";
+  return vulkan_gpu_present() ? "host-vulkan" : "host";
 }
 
 

@@ -127,6 +127,13 @@ void set_aot_error_source(std::string (*source)()) { error_source = source; }
 
 const std::vector<AotVariant>& aot_variants() { return variants(); }
 
+bool aot_variant_is_generic(const std::string& name) {
+  for (const auto& v : variants()) {
+    if (v.name == name) return specificity(v.spec) == 0;
+  }
+  return false;
+}
+
 namespace {
 
 // The variants of (schedule, target) that fit the plan, the most specific first (in generation

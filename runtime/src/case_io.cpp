@@ -79,20 +79,12 @@ Inputs load_case(const std::string& dir) {
     }
     named = v.get<std::string>();
   }
-  StorageDtype dtype;
-  std::string files;
-  if (dq == "<f4") {
-    dtype = StorageDtype::kFloat32, files = "float32";
-  } else if (dq == "<f2") {
-    dtype = StorageDtype::kFloat16, files = "float16";
-  } else if (dq == "<u2") {
-    if (named != "bfloat16") {
-      throw InputError("q dtype", "float32, float16, or uint16 bits with case.json \"dtype\": \"bfloat16\"",
-                       "uint16 with " + (named.empty() ? std::string("no case.json dtype") : "case.json dtype " + named));
-    }
-    dtype = StorageDtype::kBFloat16, files = "bfloat16";
-  } else {
-    throw InputError("q dtype", "float32, float16 or bfloat16 (as uint16 bits)", npy_dtype_name(dq));
+  // dq is one of the three (checked above).
+  const StorageDtype dtype = dq == "<f4" ? StorageDtype::kFloat32 : dq == "<f2" ? StorageDtype::kFloat16 : StorageDtype::kBFloat16;
+  const std::string files = dq == "<f4" ? "float32" : dq == "<f2" ? "float16" : "bfloat16";
+  if (dq == "<u2" && named != "bfloat16") {
+    throw InputError("q dtype", "float32, float16, or uint16 bits with case.json \"dtype\": \"bfloat16\"",
+                     "uint16 with " + (named.empty() ? std::string("no case.json dtype") : "case.json dtype " + named));
   }
   if (!named.empty() && named != files) {
     throw InputError("case.json dtype", "the files' dtype " + files, named);

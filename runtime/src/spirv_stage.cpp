@@ -268,10 +268,7 @@ std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport
       last_control = control ? &i : nullptr;
       continue;
     }
-    if (!uint32_type) {
-      keep = "the module declares no 32-bit unsigned integer type for new semantics";
-      continue;
-    }
+    // (Known constants are 32-bit unsigned, so the module declares that type for new ones.)
     const uint32_t narrowed = sem & ~kDeviceMemory;
     if (memory) {
       // Left ordering nothing, or nothing its OpControlBarrier does not: removed.
@@ -295,28 +292,26 @@ std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport
   }
   if (!keep.empty() && rep.barriers > 0) rep.fence_kept_because = keep;
 
-  // Serialise: decorations after the last annotation, constants after the uint type.
-  size_t last_annotation = m.insts.size();
+  // Serialise: the new decorations where the annotation section ends (after its last
+  // instruction, or before the first type declaration where it has none), the new constants
+  // after the 32-bit unsigned type.
+  size_t insert_at = m.insts.size();
   for (size_t n = 0; n < m.insts.size(); ++n) {
-    if (is_annotation(m.insts[n].op())) last_annotation = n;
-  }
-  if (last_annotation == m.insts.size() && !new_decorations.empty()) {
-    // No annotation at all: before the first type declaration.
-    for (size_t n = 0; n < m.insts.size(); ++n) {
-      const spv::Op op = m.insts[n].op();
-      if (op >= spv::OpTypeVoid && op <= spv::OpTypeForwardPointer) {
-        last_annotation = n == 0 ? 0 : n - 1;
-        break;
-      }
+    const spv::Op op = m.insts[n].op();
+    if (is_annotation(op)) insert_at = n + 1;
+    if (op >= spv::OpTypeVoid && op <= spv::OpTypeForwardPointer) {
+      if (insert_at == m.insts.size()) insert_at = n;
+      break;
     }
   }
   for (size_t n = 0; n < m.insts.size(); ++n) {
-    if (!drop[n]) out.push_back(std::move(m.insts[n]));
-    const Inst& kept = out.empty() ? m.insts[n] : out.back();
-    if (n == last_annotation) {
+    if (n == insert_at) {
       for (auto& d : new_decorations) out.push_back(std::move(d));
     }
-    if (!drop[n] && kept.op() == spv::OpTypeInt && kept.w.size() >= 2 && kept.w[1] == uint32_type) {
+    if (drop[n]) continue;
+    const bool uint_type = m.insts[n].op() == spv::OpTypeInt && m.insts[n].w[1] == uint32_type;
+    out.push_back(std::move(m.insts[n]));
+    if (uint_type) {
       for (const auto& [id, value] : new_constants) out.push_back(make(spv::OpConstant, {uint32_type, id, value}));
     }
   }

@@ -33,6 +33,9 @@ void aot_register(const AotVariant& v);
 // registry, which owns the Halide runtime's error handler).
 void set_aot_error_source(std::string (*source)());
 const std::vector<AotVariant>& aot_variants();
+// Whether the registered variant of that name is generic (no shape specialised); false for an
+// unknown name.
+bool aot_variant_is_generic(const std::string& name);
 
 // Best variant for (schedule, target, plan): an exact specialisation, else the generic one; with
 // `name`, only the variant of that name. Throws BackendError when none fits.
