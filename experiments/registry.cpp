@@ -1,6 +1,7 @@
 #include "registry.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "../reference/dense_eigen.h"
 #include "../reference/direct.h"
@@ -14,7 +15,9 @@
 
 namespace kvouter::experiments {
 
-void register_all_backends() {
+namespace {
+
+void register_all_backends_once() {
   auto& r = BackendRegistry::instance();
   auto host = [] { return std::vector<std::string>{"host"}; };
   r.add({"direct", "seed-style KV-outer C++ (8-lane SIMD, threads over work units): the baseline",
@@ -65,6 +68,15 @@ void register_all_backends() {
            if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) || is_cuda_target(c.target) ? default_gpu_schedule(c.target) : default_cpu_schedule();
            return halide::make_aot_backend(c);  // checks the device
          }});
+}
+
+}  // namespace
+
+// Once per process: the registry is not locked, and threads that each call this before making a
+// backend (the JIT's concurrency test does) must not write it while another reads it.
+void register_all_backends() {
+  static std::once_flag once;
+  std::call_once(once, register_all_backends_once);
 }
 
 const char* default_backend() { return "jit"; }
