@@ -1,4 +1,5 @@
-// kvouter: the command line (SPEC §4). Subcommands: run, demo, roofline, make-case.
+// kvouter: the command line (SPEC §4). Subcommands: run, compare, demo, roofline, make-case, export,
+// sweep, sweep-merge, tune.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "../reference/dense_eigen.h"
+#include "kvouter/aot.h"
 #include "kvouter/halide_kernels.h"
 #include "kvouter/jit.h"
 #include "schedules.h"
@@ -69,6 +71,9 @@ void main_help() {
                "               [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n"
                "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
                "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
+               "  compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N] [--warmup-ms MS]\n"
+               "          [--max-ratio R]   time the AOT kernel a case selects against the JIT compile of\n"
+               "      the same configuration, as run times them; exit 1 past R (default 1.15)\n"
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
                "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n"
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
@@ -91,6 +96,11 @@ bool command_help(const std::string& cmd) {
   static const std::map<std::string, std::string> help = {
       {"demo", "usage: kvouter demo [--shape NAME]\n  run a named shape (SPEC section 5; default tiny) through "
                "every backend, checked against the oracle, and print a table\n"},
+      {"compare", "usage: kvouter compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N]\n"
+                  "                       [--warmup-ms MS] [--max-ratio R]\n  time the AOT kernel the case "
+                  "selects against the JIT compile of the same configuration (its knobs and T), in one "
+                  "process and alternating rounds, timed as `kvouter run` times them; exit 1 when the slower "
+                  "takes more than R times the faster (default 1.15) or the outputs disagree\n"},
       {"roofline", "usage: kvouter roofline\n  measure this machine's FP32 FMA peak and read bandwidth; prints "
                    "one JSON line\n"},
       {"make-case", "usage: kvouter make-case SHAPE DIR\n  write a SPEC section 5 shape (tiny, prefill, decode, "
@@ -185,6 +195,42 @@ std::string params_str(const std::map<std::string, std::string>& p) {
   return s.empty() ? "-" : s;
 }
 
+// One configuration timed as `kvouter run` times it: the plan outside, compile time apart, the
+// median of the repeats' forward + combine.
+struct TimedRun {
+  std::unique_ptr<Backend> backend;
+  Plan plan;
+  Outputs out;
+  std::vector<double> times;
+  double compile_ms = 0;
+
+  double median() const {
+    std::vector<double> t = times;
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  void run_once(const Inputs& in) {
+    out = backend->run(plan, in);
+    const auto& t = backend->last_timing();
+    compile_ms += t.compile_ms;
+    times.push_back(t.forward_ms + t.combine_ms);
+  }
+  void print_summary() const {
+    const double ms = median();
+    std::printf("backend=%s schedule=%s params=%s target=%s time_ms=%.3f gflops=%.2f plan_ms=%.3f compile_ms=%.1f\n",
+                backend->name().c_str(), backend->schedule().c_str(), params_str(backend->params()).c_str(),
+                backend->target().c_str(), ms, ms > 0 ? plan.flops() / (ms * 1e6) : 0.0, plan.plan_ms, compile_ms);
+  }
+};
+
+TimedRun prepare_run(const BackendConfig& cfg, const Inputs& in, double warmup_ms) {
+  TimedRun r;
+  r.backend = BackendRegistry::instance().make(cfg);
+  r.plan = make_plan(in, r.backend->plan_options());
+  r.backend->set_kernel_timing({1, warmup_ms});
+  return r;
+}
+
 int cmd_run(const std::vector<std::string>& args) {
   RunArgs ra = parse_run(args);
   Inputs in = load_case(ra.case_dir);
@@ -202,25 +248,73 @@ int cmd_run(const std::vector<std::string>& args) {
       }
     }
   }
-  auto backend = BackendRegistry::instance().make(ra.cfg);
-  Plan plan = make_plan(in, backend->plan_options());
-  backend->set_kernel_timing({1, ra.warmup_ms});
-  std::vector<double> times;
-  Outputs out;
-  double compile_ms = 0;
-  for (int i = 0; i < ra.repeat; ++i) {
-    out = backend->run(plan, in);
-    const auto& t = backend->last_timing();
-    compile_ms += t.compile_ms;
-    times.push_back(t.forward_ms + t.combine_ms);
-  }
-  std::sort(times.begin(), times.end());
-  const double ms = times[times.size() / 2];
-  save_outputs(ra.out_dir, out);
-  std::printf("backend=%s schedule=%s params=%s target=%s time_ms=%.3f gflops=%.2f plan_ms=%.3f compile_ms=%.1f\n",
-              backend->name().c_str(), backend->schedule().c_str(), params_str(backend->params()).c_str(),
-              backend->target().c_str(), ms, ms > 0 ? plan.flops() / (ms * 1e6) : 0.0, plan.plan_ms, compile_ms);
+  TimedRun r = prepare_run(ra.cfg, in, ra.warmup_ms);
+  for (int i = 0; i < ra.repeat; ++i) r.run_once(in);
+  save_outputs(ra.out_dir, r.out);
+  r.print_summary();
   return 0;
+}
+
+// The AOT kernel a plan selects and the JIT compile of the same configuration (schedule, knobs and
+// T of that variant), timed in this process the way `kvouter run` times them, in alternating
+// rounds. Exit 1 when the slower is more than --max-ratio times the faster, or when the two
+// disagree beyond SPEC's tolerance.
+int cmd_compare(const std::vector<std::string>& a) {
+  std::string case_dir, shape, schedule = kx::default_cpu_schedule(), target = "host";
+  int repeat = 5;
+  double warmup_ms = 0, max_ratio = 1.15;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&] { return option_value(a, i); };
+    if (a[i] == "--shape") shape = value();
+    else if (a[i] == "--schedule") schedule = value();
+    else if (a[i] == "--target") target = value();
+    else if (a[i] == "--warmup-ms") warmup_ms = warmup_ms_value(value());
+    else if (a[i] == "--repeat") {
+      const std::string v = value();
+      try { repeat = std::stoi(v); } catch (...) { repeat = 0; }
+      if (repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+    } else if (a[i] == "--max-ratio") {
+      const std::string v = value();
+      size_t used = 0;
+      try { max_ratio = std::stod(v, &used); } catch (...) { used = 0; }
+      if (used != v.size() || !(max_ratio >= 1)) throw UsageError("--max-ratio: expected a number >= 1, got '" + v + "'");
+    } else if (!a[i].empty() && a[i][0] == '-') {
+      throw UsageError("compare: unknown option '" + a[i] + "'");
+    } else if (case_dir.empty()) {
+      case_dir = a[i];
+    } else {
+      throw UsageError("compare: unexpected argument '" + a[i] + "'");
+    }
+  }
+  if (case_dir.empty() == shape.empty()) throw UsageError("compare: expected CASE_DIR or --shape NAME (one of them)");
+  const Inputs in = shape.empty() ? load_case(case_dir) : kx::make_case(kx::named_shape(shape));
+
+  TimedRun aot = prepare_run({"aot", schedule, {}, target}, in, warmup_ms);
+  const halide::AotVariant& v =
+      halide::aot_select(schedule, is_vulkan_target(target) ? "host-vulkan" : "host", aot.plan);
+  BackendConfig jit_cfg{"jit", schedule, {}, target};
+  std::stringstream knobs(v.knobs);
+  for (std::string kv; std::getline(knobs, kv, ',');) {
+    if (!kv.empty()) add_param(kv, &jit_cfg.params);
+  }
+  jit_cfg.params["T"] = std::to_string(aot.plan.tiles.T);
+  TimedRun jit = prepare_run(jit_cfg, in, warmup_ms);
+  jit.run_once(in);  // the compile, outside the rounds
+  jit.times.clear();
+  jit.compile_ms = 0;
+  for (int i = 0; i < repeat; ++i) {
+    aot.run_once(in);
+    jit.run_once(in);
+  }
+  aot.print_summary();
+  jit.print_summary();
+  const auto err = kx::compare_outputs(aot.out, jit.out);
+  const double ratio = std::max(aot.median(), jit.median()) / std::min(aot.median(), jit.median());
+  const bool ok = ratio <= max_ratio && err.ok();
+  std::printf("compare: variant=%s aot_ms=%.3f jit_ms=%.3f aot/jit=%.3f max_ratio=%.2f max_out_err=%.2e %s\n",
+              v.name.c_str(), aot.median(), jit.median(), aot.median() / jit.median(), max_ratio, err.max_out_err,
+              ok ? "ok" : (err.ok() ? "SLOWER" : "MISMATCH"));
+  return ok ? 0 : 1;
 }
 
 int cmd_demo(const std::vector<std::string>& args) {
@@ -447,6 +541,7 @@ int main(int argc, char** argv) {
       return cmd_run(args);
     }
     if (cmd == "demo") return cmd_demo(args);
+    if (cmd == "compare") return cmd_compare(args);
     if (cmd == "roofline") {
       std::cout << kx::roofline_json(kx::measure_roofline()) << std::endl;
       return 0;

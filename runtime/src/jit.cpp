@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kvouter/errors.h"
+#include "kvouter/host_alloc.h"
 #include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
 
@@ -23,25 +24,28 @@ std::string join_knobs(const std::map<std::string, std::string>& m) {
   return s;
 }
 
-// The SPIR-V stage (kvouter/spirv_stage.h) in front of the JIT runtime's Vulkan loader. JIT code
-// takes its library-symbol lookup from the shared runtime's default handlers (a pipeline's own
-// jit_handlers() do not reach the Vulkan runtime's loader); the other defaults are kept.
-void install_jit_spirv_stage() {
+// The shared runtime's default handlers, as the AOT registry installs them: the kernels' host
+// allocations through kvouter/host_alloc.h, and the SPIR-V stage (kvouter/spirv_stage.h) in
+// front of the Vulkan loader. JIT code takes both from the shared runtime's defaults (a pipeline's
+// own jit_handlers() do not reach the Vulkan runtime's loader); the other defaults are kept.
+void install_jit_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
     Halide::JITHandlers h = Halide::Internal::JITSharedRuntime::set_default_handlers({});
     h.custom_get_library_symbol = &spirv::get_library_symbol;
+    h.custom_malloc = [](Halide::JITUserContext* ctx, size_t bytes) { return host_malloc(ctx, bytes); };
+    h.custom_free = [](Halide::JITUserContext* ctx, void* ptr) { host_free(ctx, ptr); };
     Halide::Internal::JITSharedRuntime::set_default_handlers(h);
   });
 }
 
 Halide::Target to_target(const std::string& target) {
+  install_jit_handlers();
   if (target.empty() || target == "host") return Halide::get_host_target();
   // Parsing "host-vulkan" makes Halide query the Vulkan device (for vk_v13 and the like), and
   // Halide's runtime aborts the process when there is none: look for one first.
   if (is_vulkan_target(target)) {
     require_vulkan_device();
-    install_jit_spirv_stage();
   }
   if (!Halide::Target::validate_target_string(target)) {
     throw BackendError("--target: '" + target + "' is not a Halide target string");

@@ -29,7 +29,7 @@ expect(r.returncode == 0 and "direct" in r.stdout and "dense" in r.stdout, "--he
 r = run("run", "--help")
 expect(r.returncode == 0 and "--backend" in r.stdout and "schedules:" in r.stdout, "run --help lists options")
 expect("unroll grain slice" in r.stdout, "run --help lists the knobs")
-for sub in ("demo", "roofline", "make-case", "export", "sweep", "sweep-merge", "tune"):
+for sub in ("compare", "demo", "roofline", "make-case", "export", "sweep", "sweep-merge", "tune"):
     r = run(sub, "--help")
     expect(r.returncode == 0 and r.stdout.startswith("usage: kvouter " + sub), sub + " --help exits 0 with its usage")
 r = run("run")
@@ -55,6 +55,16 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and "time_ms=" in r.stdout, "--warmup-ms runs")
     r = run("run", case, "--out", out)
     expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
+    # compare: the AOT variant against the JIT of its configuration (the speed guard itself is the
+    # bench_aot_vs_jit ctests); here its contract. A generous ratio keeps this a functional check.
+    r = run("compare", case, "--repeat", "2", "--max-ratio", "100")
+    expect(r.returncode == 0 and "compare: variant=kvouter_cpu_tiled" in r.stdout and " ok" in r.stdout,
+           f"compare times AOT against JIT: {r.stdout[-300:]} {r.stderr[-300:]}")
+    for bad_args, needle in ((("compare",), "CASE_DIR or --shape"), (("compare", case, "--shape", "tiny"), "CASE_DIR or --shape"),
+                             (("compare", case, "--max-ratio", "0.5"), "--max-ratio"),
+                             (("compare", case, "--schedule", "nope"), "nope")):
+        r = run(*bad_args)
+        expect(r.returncode == 2 and needle in r.stderr, f"{' '.join(bad_args[:1] + bad_args[2:])} exits 2: {r.stderr.strip()[:200]}")
     expect(os.path.exists(os.path.join(out, "out.npy")), "default run writes out.npy")
 
     # No Vulkan device (the loader finds no driver): one clear line, exit 2, nothing written, for

@@ -13,6 +13,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/errors.h"
 #include "registry.h"
+#include "scratch_reuse.h"
 
 namespace kvouter {
 namespace {
@@ -84,6 +85,11 @@ TEST(Aot, AgreesWithJit) {
   const Plan plan = make_plan(in, aot->plan_options());
   const auto err = experiments::compare_outputs(aot->run(plan, in), jit->run(plan, in));
   EXPECT_TRUE(err.ok()) << err.max_out_err;
+}
+
+TEST(Aot, KernelScratchIsReusedAcrossTilesAndRuns) {
+  auto aot = make("aot", "cpu_tiled");
+  testing_scratch::expect_scratch_reused(*aot);
 }
 
 TEST(Aot, UnknownScheduleOrKnobIsAClearError) {

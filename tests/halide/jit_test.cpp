@@ -12,6 +12,7 @@
 #include "dense_eigen.h"
 #include "kvouter/errors.h"
 #include "kvouter/vulkan_probe.h"
+#include "scratch_reuse.h"
 #include "kvouter/jit.h"
 #include "registry.h"
 #include "schedules.h"
@@ -80,6 +81,11 @@ TEST(Jit, BitwiseDeterministic) {
   const Outputs a = backend->run(plan, in), b = backend->run(plan, in);
   EXPECT_EQ(0, std::memcmp(a.out.ptr(), b.out.ptr(), a.out.data.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(a.lse.ptr(), b.lse.ptr(), a.lse.data.size() * sizeof(float)));
+}
+
+TEST(Jit, KernelScratchIsReusedAcrossTilesAndRuns) {
+  auto backend = jit("cpu_tiled");
+  testing_scratch::expect_scratch_reused(*backend);
 }
 
 TEST(Jit, CompileTimeReportedApartAndCached) {

@@ -1,0 +1,79 @@
+// The kernels' host allocator (kvouter/host_alloc.h): aligned blocks, reuse per thread, bounded
+// caches, frees on another thread and after a thread's exit (LeakSanitizer checks the rest).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "kvouter/host_alloc.h"
+
+namespace kvouter::halide {
+namespace {
+
+TEST(HostAlloc, BlocksAreAlignedAndWritable) {
+  for (size_t bytes : {size_t{1}, size_t{100}, size_t{4096}, size_t{65536 + 3}, size_t{3} << 20}) {
+    auto* p = static_cast<unsigned char*>(host_malloc(nullptr, bytes));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 128, 0u) << bytes;
+    p[0] = 1;
+    p[bytes - 1] = 2;
+    host_free(nullptr, p);
+  }
+  host_free(nullptr, nullptr);  // as free(NULL)
+}
+
+TEST(HostAlloc, ATilesAllocationsAreReusedByTheNextTile) {
+  // The pattern of a CPU schedule's tile: the same sizes allocated, then freed, tile after tile.
+  const std::vector<size_t> sizes = {65536, 65536, 32768, 131072, 512};
+  auto tile = [&] {
+    std::vector<void*> blocks;
+    for (size_t s : sizes) blocks.push_back(host_malloc(nullptr, s));
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) host_free(nullptr, *it);
+    return blocks;
+  };
+  const auto first = tile();
+  const HostAllocCounts before = host_alloc_counts();
+  const auto second = tile();
+  const HostAllocCounts after = host_alloc_counts();
+  EXPECT_EQ(after.fresh, before.fresh);
+  EXPECT_EQ(after.reused - before.reused, static_cast<int64_t>(sizes.size()));
+  EXPECT_EQ(std::vector<void*>(first.begin(), first.end()), second);  // the very same blocks
+}
+
+TEST(HostAlloc, TheCacheIsBounded) {
+  // More than the block cap of one size, then one block past the byte cap: each free keeps the
+  // cache within its limits (the oldest blocks go back to malloc), and a later burst of the same
+  // size is served from what is kept.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 2 * kMaxCachedBlocks; ++i) blocks.push_back(host_malloc(nullptr, 4096));
+  for (void* b : blocks) host_free(nullptr, b);
+  const HostAllocCounts before = host_alloc_counts();
+  blocks.clear();
+  for (int i = 0; i < 2 * kMaxCachedBlocks; ++i) blocks.push_back(host_malloc(nullptr, 4096));
+  const HostAllocCounts after = host_alloc_counts();
+  EXPECT_EQ(after.reused - before.reused, kMaxCachedBlocks);
+  EXPECT_EQ(after.fresh - before.fresh, kMaxCachedBlocks);
+  for (void* b : blocks) host_free(nullptr, b);
+
+  void* huge = host_malloc(nullptr, kMaxCachedBytesPerThread + 1);
+  host_free(nullptr, huge);  // past the byte cap: straight back to malloc
+  const HostAllocCounts h0 = host_alloc_counts();
+  host_free(nullptr, host_malloc(nullptr, kMaxCachedBytesPerThread + 1));
+  EXPECT_EQ(host_alloc_counts().fresh - h0.fresh, 1);
+}
+
+TEST(HostAlloc, FreedOnAnotherThreadAndAfterAThreadEnds) {
+  void* from_worker = nullptr;
+  std::thread([&] {
+    from_worker = host_malloc(nullptr, 70000);
+    host_free(nullptr, host_malloc(nullptr, 90000));  // cached, then released at the thread's end
+  }).join();
+  host_free(nullptr, from_worker);  // joins this thread's cache
+  const HostAllocCounts before = host_alloc_counts();
+  host_free(nullptr, host_malloc(nullptr, 70000));
+  EXPECT_EQ(host_alloc_counts().reused - before.reused, 1);
+}
+
+}  // namespace
+}  // namespace kvouter::halide
