@@ -1,4 +1,6 @@
-// Google Benchmark over SPEC §5's CPU shapes, every registered backend and schedule, in one run.
+// Google Benchmark over SPEC §5's CPU shapes, every registered backend and schedule, in one run;
+// and the plan of one step (plan/<shape>, plan_checked_tables/<shape>: KVOUTER_BENCH_PLAN_SHAPES,
+// by default decode and gpu-decode), on the calling thread.
 // Each (backend, shape) is checked against the Eigen float64 oracle before it is timed (a wrong
 // result aborts the benchmark with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
@@ -16,6 +18,7 @@
 #include "cli_util.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
+#include "kvouter/plan.h"
 #include "provenance.h"
 #include "registry.h"
 #include "roofline.h"
@@ -39,6 +42,38 @@ ShapeData& shape_data(const std::string& name) {
     slot->ref = reference::dense_attention<double>(slot->in, validate(slot->in));
   }
   return *slot;
+}
+
+// The plan benchmarks' inputs: a CPU shape's benchmark case; a GPU shape with only the pages its
+// selections reach (the plan never reads K/V; the table keeps its full width).
+const Inputs& plan_inputs(const std::string& name) {
+  if (name != "gpu-decode" && name != "gpu-prefill") return shape_data(name).in;
+  static std::map<std::string, std::unique_ptr<Inputs>> cache;
+  auto& slot = cache[name];
+  if (!slot) {
+    kx::CaseSpec spec = kx::named_shape(name);
+    spec.reachable_pages_only = true;
+    slot = std::make_unique<Inputs>(kx::make_case(spec));
+  }
+  return *slot;
+}
+
+// One step's plan on one core, by a Planner reused across steps (as an engine runs it): with every
+// input validated, and with the block tables trusted (checked where they were written).
+void run_plan(benchmark::State& state, std::string shape, bool checked_tables) {
+  const Inputs& in = plan_inputs(shape);
+  Planner planner;
+  planner.plan(in);  // the arrays grow once
+  for (auto _ : state) {
+    const Plan& plan = checked_tables ? planner.plan_checked_tables(in) : planner.plan(in);
+    benchmark::DoNotOptimize(plan.tiles.num_tiles);
+  }
+  const Plan& plan = planner.current();
+  state.counters["edges"] = static_cast<double>(plan.index.num_edges());
+  state.counters["tiles"] = static_cast<double>(plan.tiles.num_tiles);
+  state.counters["ns_per_edge"] = benchmark::Counter(static_cast<double>(plan.index.num_edges()),
+                                                     benchmark::Counter::kIsIterationInvariantRate |
+                                                         benchmark::Counter::kInvert);
 }
 
 const kx::Roofline& roofline() {
@@ -117,9 +152,29 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("machine", kx::machine_fingerprint());
   benchmark::AddCustomContext("host_target", halide::resolve_target("host"));
   benchmark::AddCustomContext("repro", "make build && build/bin/kvouter_bench --benchmark_out=FILE "
-                                       "--benchmark_out_format=json (KVOUTER_BENCH_SHAPES=tiny,prefill,decode)");
+                                       "--benchmark_out_format=json (KVOUTER_BENCH_SHAPES=tiny,prefill,decode, "
+                                       "KVOUTER_BENCH_PLAN_SHAPES=decode,gpu-decode)");
   benchmark::AddCustomContext("fp32_peak_gflops", std::to_string(roofline().fma_gflops));
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
+  std::vector<std::string> plan_shapes = {"decode", "gpu-decode"};
+  if (const char* s = std::getenv("KVOUTER_BENCH_PLAN_SHAPES")) {
+    plan_shapes.clear();
+    std::string all = s;
+    for (size_t pos = 0; pos != std::string::npos && !all.empty();) {
+      const size_t next = all.find(',', pos);
+      plan_shapes.push_back(all.substr(pos, next == std::string::npos ? next : next - pos));
+      pos = next == std::string::npos ? next : next + 1;
+    }
+  }
+  for (const auto& shape : plan_shapes) {
+    for (bool checked : {false, true}) {
+      benchmark::RegisterBenchmark(((checked ? "plan_checked_tables/" : "plan/") + shape).c_str(), run_plan, shape, checked)
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->Repetitions(5)
+          ->ReportAggregatesOnly(true);
+    }
+  }
   for (const auto& shape : shapes) {
     // direct first, so every later row of the shape has its ratio to the baseline.
     std::vector<const BackendInfo*> order;

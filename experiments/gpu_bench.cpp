@@ -1,7 +1,7 @@
 // kvouter_gpu_bench: SPEC §5's GPU shapes through the AOT Vulkan kernels, in one process, on the
 // same inputs, each schedule checked against the CPU `direct` baseline and against the others.
 // It links no compiler (libHalide) at all: built here, carried to the GPU machine with its Vulkan
-// loader (README "GPU results"), it needs only libc there.
+// loader (experiments/results/gpu/README.md), it needs only libc there.
 //
 //   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
@@ -13,7 +13,7 @@
 // Timing: a first call (driver compile, device set-up) apart, then one call that uploads the
 // inputs once, runs the kernels untimed for --warmup-ms, then --reps times back to back
 // (KernelTiming). Without the warm-up the H200's driver keeps Vulkan kernels at its idle SM clock
-// (345 MHz instead of 1980; measured, README "Vulkan (GPU)").
+// (345 MHz instead of 1980; measured, docs/vulkan.md).
 //
 // --case-dir writes each shape's inputs (npy, as `kvouter run` reads them) and the first
 // schedule's outputs there, for experiments/torch_compare.py to run PyTorch on the same data.
@@ -72,7 +72,7 @@ struct Timed {
   std::string variant;
 };
 
-Timed time_backend(Backend& be, const Plan& plan, const Inputs& in, int reps, double warmup_ms) {
+Timed time_backend(Backend& be, const Plan& plan, const InputsView& in, int reps, double warmup_ms) {
   Timed r;
   r.out = be.run(plan, in);  // first call: driver compile of the kernels, device set-up
   r.first = be.last_timing();

@@ -131,7 +131,7 @@ void run_help() {
                "--repeat N runs N times and reports the median (compile time is never counted).\n"
                "--warmup-ms MS (Halide backends): before each timed run, the kernels run untimed for MS\n"
                "on the uploaded inputs. GPU figures need it: the H200's driver keeps a Vulkan-only load\n"
-               "at its idle clock until the GPU has been busy a while (README \"Vulkan (GPU)\").\n";
+               "at its idle clock until the GPU has been busy a while (docs/vulkan.md).\n";
   std::cout << "--param KEY=VALUE sets a schedule knob (jit; aot takes T and variant):";
   for (const auto& k : halide::knob_names()) std::cout << " " << k;
   std::cout << " (README \"CLI\").\n\n";
@@ -336,7 +336,7 @@ int cmd_demo(const std::vector<std::string>& args) {
     for (const auto& sched : info.schedules()) {
       BackendConfig cfg{info.name, sched, {}, ""};
       // Vulkan schedules run on the Vulkan device (lavapipe in CI); the autoscheduled GPU twins
-      // have known wrong results on some shapes (README "Vulkan") and are left to the gpu tests.
+      // have known wrong results on some shapes (docs/vulkan.md) and are left to the gpu tests.
       const pipeline::ScheduleInfo* si = pipeline::find_schedule(sched);
       if (si && si->device == "vulkan") {
         if (!si->autoscheduler.empty()) {

@@ -10,7 +10,7 @@ double Measurement::quantile(double q) const {
   return ms[std::min(i, ms.size() - 1)];
 }
 
-Measurement measure(Backend& backend, const Plan& plan, const Inputs& in, const Outputs& ref, int repeats,
+Measurement measure(Backend& backend, const Plan& plan, const InputsView& in, const Outputs& ref, int repeats,
                     double stop_after_first_ms, double warmup_ms) {
   Measurement m;
   const Outputs got = backend.run(plan, in);

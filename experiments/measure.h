@@ -22,7 +22,7 @@ struct Measurement {
 // With stop_after_first_ms > 0, stops after the first timed run when it is slower than that.
 // With warmup_ms > 0, the first timed run's kernels first run untimed that long (KernelTiming: a
 // GPU's clock rises only under load).
-Measurement measure(Backend& backend, const Plan& plan, const Inputs& in, const Outputs& ref, int repeats,
+Measurement measure(Backend& backend, const Plan& plan, const InputsView& in, const Outputs& ref, int repeats,
                     double stop_after_first_ms = 0, double warmup_ms = 0);
 
 }  // namespace kvouter::experiments

@@ -89,7 +89,7 @@ const char* default_cpu_schedule() { return "cpu_tiled"; }
 //   which the database's H200 entry for that shape class picks.
 // - CUDA (H200): vulkan_onepass, 0.87 ms against 1.41 on gpu-decode (gpu_bench_stage_on.json).
 // - a CPU Vulkan device (lavapipe in CI): vulkan_tiled, about 30x faster there than vulkan_fused
-//   (README "Vulkan (GPU)").
+//   (docs/vulkan.md).
 namespace {
 
 // A Vulkan GPU, not a CPU device such as lavapipe.
@@ -105,7 +105,7 @@ const char* default_gpu_schedule(const std::string& target) {
 }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU
-  // paths on the GPU shapes (README "Vulkan"); on lavapipe (a CPU device) they are slower than
+  // paths on the GPU shapes (docs/vulkan.md); on lavapipe (a CPU device) they are slower than
   // the CPU schedules, so a CPU Vulkan device never becomes the default.
   return vulkan_gpu_present() ? "host-vulkan" : "host";
 }

@@ -128,7 +128,7 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
   const Axes fused{{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}};
   const Axes gemm{{"4096"}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
   // vulkan_onepass: its vector width's per-target default against the scalar kernel (on the
-  // H200 each won somewhere: README "Vulkan (GPU)").
+  // H200 each won somewhere: docs/vulkan.md).
   const Axes onepass{{"4096"}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}};
   const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
   std::vector<Candidate> out;
@@ -165,7 +165,7 @@ int run_tune(const TuneOptions& opt) {
   const std::string log_path = !opt.log.empty() ? opt.log
                                                 : "experiments/results/tune_" + opt.shape + "_" + opt.target + ".jsonl";
   std::vector<Candidate> space = tuning_space(shape, opt.target);
-  // A GPU's clock rises only under load (README "Vulkan (GPU)"): warm each candidate's kernels.
+  // A GPU's clock rises only under load (docs/vulkan.md): warm each candidate's kernels.
   const double warmup_ms = opt.warmup_ms >= 0 ? opt.warmup_ms : is_vulkan_target(opt.target) ? 2000.0 : 0.0;
   if (opt.max_candidates > 0 && static_cast<int>(space.size()) > opt.max_candidates) {
     // Every autoscheduled twin, and an even spread over the manual schedules' knob space.

@@ -9,7 +9,7 @@
 
 namespace kvouter::reference {
 
-std::vector<uint8_t> attended_mask(const Inputs& in, const Problem& p, int64_t b, int64_t t,
+std::vector<uint8_t> attended_mask(const InputsView& in, const Problem& p, int64_t b, int64_t t,
                                    int64_t h) {
   const int64_t L = p.kv_len[static_cast<size_t>(b)];
   std::vector<uint8_t> mask(static_cast<size_t>(L), 0);
@@ -26,7 +26,7 @@ std::vector<uint8_t> attended_mask(const Inputs& in, const Problem& p, int64_t b
 }
 
 template <class Scalar>
-Outputs dense_attention(const Inputs& in, const Problem& p) {
+Outputs dense_attention(const InputsView& in, const Problem& p) {
   using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   const Scalar ninf = -std::numeric_limits<Scalar>::infinity();
@@ -81,8 +81,8 @@ Outputs dense_attention(const Inputs& in, const Problem& p) {
   return res;
 }
 
-template Outputs dense_attention<float>(const Inputs&, const Problem&);
-template Outputs dense_attention<double>(const Inputs&, const Problem&);
+template Outputs dense_attention<float>(const InputsView&, const Problem&);
+template Outputs dense_attention<double>(const InputsView&, const Problem&);
 
 namespace {
 
@@ -90,7 +90,7 @@ class DenseBackend final : public Backend {
  public:
   std::string name() const override { return "dense"; }
   std::string schedule() const override { return "eigen-f32"; }
-  Outputs run(const Plan& plan, const Inputs& in) override {
+  Outputs run(const Plan& plan, const InputsView& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     Outputs o = dense_attention<float>(in, plan.problem);
     timing_.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -9,10 +9,10 @@
 namespace kvouter::reference {
 
 template <class Scalar>
-Outputs dense_attention(const Inputs& in, const Problem& p);
+Outputs dense_attention(const InputsView& in, const Problem& p);
 
 // The dense mask of SPEC §2 for query t (of sequence b) and KV head h over positions [0, L_b).
-std::vector<uint8_t> attended_mask(const Inputs& in, const Problem& p, int64_t b, int64_t t,
+std::vector<uint8_t> attended_mask(const InputsView& in, const Problem& p, int64_t b, int64_t t,
                                    int64_t h);
 
 std::unique_ptr<Backend> make_dense_backend(const BackendConfig& cfg);

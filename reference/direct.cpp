@@ -43,7 +43,7 @@ void scale_axpy(float* y, float alpha, float beta, const float* x, int64_t n) {
 
 }  // namespace
 
-Partials direct_forward(const Plan& plan, const Inputs& in) {
+Partials direct_forward(const Plan& plan, const InputsView& in) {
   const Problem& p = plan.problem;
   const KvIndex& ix = plan.index;
   Partials parts = Partials::empty(plan);
@@ -103,7 +103,7 @@ class DirectBackend final : public Backend {
  public:
   std::string name() const override { return "direct"; }
   std::string schedule() const override { return "seed-simd8"; }
-  Outputs run(const Plan& plan, const Inputs& in) override {
+  Outputs run(const Plan& plan, const InputsView& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     Partials parts = direct_forward(plan, in);
     const auto t1 = std::chrono::steady_clock::now();

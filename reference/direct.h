@@ -8,7 +8,7 @@
 
 namespace kvouter::reference {
 
-Partials direct_forward(const Plan& plan, const Inputs& in);
+Partials direct_forward(const Plan& plan, const InputsView& in);
 
 std::unique_ptr<Backend> make_direct_backend(const BackendConfig& cfg);
 

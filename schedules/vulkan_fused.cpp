@@ -11,7 +11,7 @@
 // workgroup is about 4 x (4 rows D + 2 chunk D) bytes: 24 KiB at D 128, chunk 8, rows 8 (the JIT
 // default; lavapipe allows 32 KiB), 40 KiB at chunk 8, rows 16 (the GPU shapes' AOT default; the
 // H200 allows 48 KiB).
-// Measured (H200, AOT host-vulkan, warm clocks, kernel medians, README "Vulkan (GPU)"; chunk 8,
+// Measured (H200, AOT host-vulkan, warm clocks, kernel medians, docs/vulkan.md; chunk 8,
 // rows 16): gpu-decode 6.99 ms = 3.2 % of HBM bandwidth (target 60 %: not met); gpu-prefill
 // 1445 ms = 2.1 % of FP32 peak (target 20 %, <= 155 ms: not met). vulkan_tiled is faster on
 // prefill (936 ms) and the default; vulkan_onepass is faster on CUDA. The same schedule on the

@@ -3,7 +3,7 @@
 // vulkan_tiled gives each GEMM stage one workgroup per tile: T-fold more, smaller workgroups,
 // each reading the tile's K/V itself (through the caches). On decode plans (T = 1) the two
 // coincide. Same knobs as vulkan_tiled.
-// Measured (H200, AOT host-vulkan, README "Vulkan"): gpu-decode 34.0 ms = 0.7 % of HBM bandwidth
+// Measured (H200, AOT host-vulkan, docs/vulkan.md): gpu-decode 34.0 ms = 0.7 % of HBM bandwidth
 // (target 60 %: not met; same as vulkan_tiled, T = 1); gpu-prefill not measured (it did not
 // finish inside the run's time limit).
 #include <algorithm>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (README "GPU results"): Vulkan through the NVIDIA driver with a
+# Runs on the lent GPU machine (experiments/results/gpu/README.md): Vulkan through the NVIDIA driver with a
 # carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
 # same inputs. Carried (built here by `make gpu-carry`; add kvouter to CARRY_BINS for `sweep`):
 #   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)

@@ -99,14 +99,20 @@ class AotBackend final : public Backend {
     if (is_cuda_target(target_)) o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
     return o;
   }
-  Outputs run(const Plan& plan, const Inputs& in) override {
+  Outputs run(const Plan& plan, const InputsView& in) override {
+    const Problem& p = plan.problem;
+    Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+    run_into(plan, in, res);
+    return res;
+  }
+  void run_into(const Plan& plan, const InputsView& in, const OutputsView& out) override {
     const AotVariant& v = aot_select(schedule_, target_, plan, variant_);
     last_variant_ = v.name;
     check_generic_vulkan_loops(v, plan);
     Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
     timing_.compile_ms = 0;
     try {
-      return run_kernels(k, plan, in, &timing_, kernel_timing_);
+      run_kernels(k, plan, in, out, &timing_, kernel_timing_);
     } catch (const BackendError& e) {
       throw BackendError(std::string(e.what()) + (error_source ? ": " + error_source() : std::string()));
     }

@@ -1,5 +1,6 @@
 #include "kvouter/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -7,6 +8,29 @@
 #include "kvouter/tile_layout.h"
 
 namespace kvouter {
+
+OutputsView::OutputsView(Outputs& o)
+    : out(o.out.ptr(), {o.out.shape.size() == 3 ? o.out.shape[0] : 0, o.out.shape.size() == 3 ? o.out.shape[1] : 0,
+                        o.out.shape.size() == 3 ? o.out.shape[2] : 0}),
+      lse(o.lse.ptr(), {o.lse.shape.size() == 2 ? o.lse.shape[0] : 0, o.lse.shape.size() == 2 ? o.lse.shape[1] : 0}) {}
+
+void check_outputs(const OutputsView& o, const Problem& p) {
+  auto check = [](const char* field, const TensorView<float>& v, std::initializer_list<int64_t> want) {
+    const TensorView<float> w(nullptr, want);
+    if (v.rank != w.rank || v.shape != w.shape) throw InputError(field, "shape " + shape_str(w), shape_str(v));
+    if (!v.row_major()) throw InputError(field, "a row-major contiguous view", "other strides");
+    if (v.numel() > 0 && v.data == nullptr) throw InputError(field, "memory for " + std::to_string(v.numel()) + " floats", "a null pointer");
+  };
+  check("out", o.out, {p.Tq, p.Hq, p.D});
+  check("lse", o.lse, {p.Tq, p.Hq});
+}
+
+void Backend::run_into(const Plan& plan, const InputsView& in, const OutputsView& out) {
+  check_outputs(out, plan.problem);
+  const Outputs res = run(plan, in);
+  std::copy(res.out.data.begin(), res.out.data.end(), out.out.data);
+  std::copy(res.lse.data.begin(), res.lse.data.end(), out.lse.data);
+}
 
 Partials Partials::empty(const Plan& plan) {
   const Problem& p = plan.problem;

@@ -36,8 +36,9 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 
 // Kernels emit kMaskedScore (finite) as the LSE of an empty row: GPU backends do not promise IEEE
 // infinities inside kernels, so SPEC's -inf is produced here, on the host, for every backend.
-void finish_lse(Tensor<float>& lse) {
-  for (float& x : lse.data) {
+void finish_lse(const TensorView<float>& lse) {
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    float& x = lse.data[i];
     if (x <= layout::kEmptyThreshold) x = -std::numeric_limits<float>::infinity();
   }
 }
@@ -131,7 +132,7 @@ struct CompactPages {
   int64_t pages = 0;
 };
 
-CompactPages compact_pages(const Inputs& in, const TileSet& ts) {
+CompactPages compact_pages(const InputsView& in, const TileSet& ts) {
   CompactPages c;
   const int64_t page_floats = in.k_pages.numel() / std::max<int64_t>(in.k_pages.shape[0], 1);
   std::vector<int32_t> remap(static_cast<size_t>(in.k_pages.shape[0]), -1);
@@ -154,13 +155,12 @@ CompactPages compact_pages(const Inputs& in, const TileSet& ts) {
   return c;
 }
 
-Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
-                      const KernelTiming& kt) {
+void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& res,
+                   RunTiming* timing, const KernelTiming& kt) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const halide_device_interface_t* dev = kernels.device;
   const int64_t C = p.D + layout::kPartialExtra;
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
   using clock = std::chrono::steady_clock;
   double xfer = 0;
   RepTimes rt;
@@ -172,9 +172,9 @@ Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in
   };
 
   CompactPages pool = compact_pages(in, ts);
-  std::vector<int64_t> kv_shape = in.k_pages.shape;
+  std::vector<int64_t> kv_shape = in.k_pages.shape_vec();
   kv_shape[0] = pool.pages;
-  auto q = device_array(in.q.ptr(), in.q.shape, in.q.numel(), dev);
+  auto q = device_array(in.q.ptr(), in.q.shape_vec(), in.q.numel(), dev);
   auto k = device_array(pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()), dev);
   auto v = device_array(pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()), dev);
   lap(xfer);
@@ -227,7 +227,6 @@ Outputs run_on_device(const Kernels& kernels, const Plan& plan, const Inputs& in
   rt.into(timing);
   timing->transfer_ms = xfer;
   finish_lse(res.lse);
-  return res;
 }
 
 }  // namespace
@@ -293,12 +292,21 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
 
 int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return std::stol(knobs.at("T")); }
 
-Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,
                     const KernelTiming& kt) {
   const Problem& p = plan.problem;
+  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  run_kernels(kernels, plan, in, res, timing, kt);
+  return res;
+}
+
+void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& res,
+                 RunTiming* timing, const KernelTiming& kt) {
+  const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
+  check_outputs(res, p);
   *timing = RunTiming{0, 0, timing->compile_ms, 0, {}, {}};
-  if (p.Tq == 0) return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  if (p.Tq == 0) return;
   const int64_t row_floats = p.qhead * (p.D + layout::kPartialExtra);
   int64_t batch_partials = std::max<int64_t>(ts.num_partials(), 1) * row_floats;
   if (kernels.device) {
@@ -312,8 +320,7 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
                        " floats, beyond Halide's int32 buffer indexing; plan with query batches "
                        "(PlanOptions::max_batch_partial_floats) or run fewer queries per call");
   }
-  if (kernels.device) return run_on_device(kernels, plan, in, timing, kt);
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  if (kernels.device) return run_on_device(kernels, plan, in, res, timing, kt);
 
   const int64_t C = p.D + layout::kPartialExtra;
   // Partials in the tile layout [tiles, T * qhead, C]. With no tile at all, one tile of one empty
@@ -325,16 +332,16 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
   }
 
   auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
-  auto out = wrap(res.out.ptr(), res.out.shape);
-  auto lse = wrap(res.lse.ptr(), res.lse.shape);
+  auto out = wrap(res.out.ptr(), res.out.shape_vec());
+  auto lse = wrap(res.lse.ptr(), res.lse.shape_vec());
   RepTimes rt;
   run_timed(
       kt, true, rt,
       [&] {
         if (ts.num_tiles == 0) return;
-        auto q = wrap(in.q.ptr(), in.q.shape);
-        auto k = wrap(in.k_pages.ptr(), in.k_pages.shape);
-        auto v = wrap(in.v_pages.ptr(), in.v_pages.shape);
+        auto q = wrap(in.q.ptr(), in.q.shape_vec());
+        auto k = wrap(in.k_pages.ptr(), in.k_pages.shape_vec());
+        auto v = wrap(in.v_pages.ptr(), in.v_pages.shape_vec());
         auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
         auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
         auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
@@ -348,7 +355,6 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, 
       });
   rt.into(timing);
   finish_lse(res.lse);
-  return res;
 }
 
 }  // namespace kvouter::halide

@@ -190,7 +190,13 @@ class JitBackend final : public Backend {
     if (to_target(target_).has_feature(Halide::Target::Vulkan)) o.max_batch_partial_floats = vulkan_max_buffer_floats();
     return o;
   }
-  Outputs run(const Plan& plan, const Inputs& in) override {
+  Outputs run(const Plan& plan, const InputsView& in) override {
+    const Problem& p = plan.problem;
+    Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+    run_into(plan, in, res);
+    return res;
+  }
+  void run_into(const Plan& plan, const InputsView& in, const OutputsView& out) override {
     Specialization spec = Specialization::of(plan);
     if (!autoscheduler_.empty()) spec = spec.with_extents(plan);
     JitRequest req{schedule_, autoscheduler_, knobs_, target_, spec};
@@ -200,7 +206,7 @@ class JitBackend final : public Backend {
     const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     timing_.compile_ms = waited > 1.0 ? ck->compile_ms : 0.0;
     try {
-      return run_kernels(ck->kernels, plan, in, &timing_, kernel_timing_);
+      run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_);
     } catch (const Halide::Error& e) {
       throw BackendError("jit: running " + ck->kernels.description + " failed: " + e.what());
     }

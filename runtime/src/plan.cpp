@@ -12,110 +12,200 @@ namespace kvouter {
 
 namespace {
 
-// Physical page of logical page lp of sequence b, or kNoPage when unallocated or wholly at or after
-// L_b (entries there are never read, whatever they hold).
-int32_t page_of(const Inputs& in, const Problem& p, int64_t b, int64_t lp) {
-  if (lp * p.page_size >= p.kv_len[static_cast<size_t>(b)]) return layout::kNoPage;
-  const int32_t page = in.block_tables.data[static_cast<size_t>(b * p.max_pages + lp)];
-  return page < 0 ? layout::kNoPage : page;
-}
-
-// Positions in [0, limit) of block blk of sequence b that lie on allocated pages.
-int64_t attended_in_block(const Inputs& in, const Problem& p, int64_t b, int64_t blk,
-                          int64_t limit) {
-  int64_t n = 0;
-  for (int64_t j = 0; j < p.ppb && j * p.page_size < limit; ++j) {
-    if (page_of(in, p, b, blk * p.ppb + j) != layout::kNoPage) {
-      n += std::min(p.page_size, limit - j * p.page_size);
-    }
-  }
-  return n;
+[[noreturn]] __attribute__((noinline)) void bad_table_entry(int64_t b, int64_t lp, int64_t num_pages, int32_t page) {
+  // validate() reports it first unless the planner trusts the tables
+  throw InputError("block_tables[" + std::to_string(b) + ", " + std::to_string(lp) + "]",
+                   "a page id < num_pages = " + std::to_string(num_pages) + " (or negative)", std::to_string(page));
 }
 
 }  // namespace
 
-KvIndex build_kvouter_index(const Inputs& in, const Problem& p) {
+KvIndex build_kvouter_index(const InputsView& in, const Problem& p) {
+  PlanWorkspace ws;
   KvIndex ix;
+  build_kvouter_index(in, p, ws, &ix);
+  return ix;
+}
+
+void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out) {
+  KvIndex& ix = *out;
+  ix.head_unit_begin.assign(1, 0);
+  ix.unit_head.clear();
+  ix.unit_batch.clear();
+  ix.unit_block.clear();
+  ix.unit_edge_begin.assign(1, 0);
+  ix.edge_query.clear();
+  ix.edge_rank.clear();
+  ix.edge_limit.clear();
+  ix.unit_pages.clear();
+  ix.attended_pairs = 0;
   ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
-  ix.head_unit_begin.push_back(0);
-  ix.unit_edge_begin.push_back(0);
   if (p.Tq == 0) {
     // No query, no edge. The scratch below is sized by msb, which an empty block_tables
     // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
     ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
-    return ix;
+    return;
   }
-
-  struct Edge {
-    int32_t t, r, limit;
-  };
-  std::vector<std::vector<Edge>> by_block(static_cast<size_t>(p.msb));
-  std::vector<int64_t> seen(static_cast<size_t>(p.msb), -1);  // last query that took the block
-  std::vector<int8_t> block_empty(static_cast<size_t>(p.msb));
-
-  for (int64_t h = 0; h < p.Hkv; ++h) {
-    std::fill(seen.begin(), seen.end(), -1);
+  const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
+  if (ws.seen.size() < msb || ws.pages.size() < msb * ppb) {  // grows once; stamps below any generation
+    ws.seen.assign(msb, -1);
+    ws.touched_bits.assign((msb + 63) / 64, 0);
+    ws.pages_stamp.assign(msb, -1);
+    ws.pages.assign(msb * ppb, layout::kNoPage);
+    ws.avail.assign(msb, 0);
+    ws.count.assign(msb, 0);
+  }
+  const int32_t* const sel = in.selected.data;
+  const int32_t* const tables = in.block_tables.data;
+  const int64_t ps = p.page_size, bs = p.block_size, Hkv = p.Hkv, topk = p.topk, max_pages = p.max_pages;
+  const int64_t ippb = p.ppb, num_pages = p.num_pages;
+  int64_t* const seen = ws.seen.data();
+  int64_t* const pages_stamp = ws.pages_stamp.data();
+  int32_t* const block_pages = ws.pages.data();
+  int32_t* const block_avail = ws.avail.data();
+  int32_t* const count = ws.count.data();
+  uint64_t* const touched_bits = ws.touched_bits.data();
+  int64_t attended = 0;
+  for (int64_t h = 0; h < Hkv; ++h) {
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t L = p.kv_len[static_cast<size_t>(b)];
-      for (int64_t blk = 0; blk < p.msb; ++blk) {
-        block_empty[static_cast<size_t>(blk)] =
-            attended_in_block(in, p, b, blk, std::min(p.block_size, L - blk * p.block_size)) == 0;
-      }
-      for (int64_t t = p.cu[static_cast<size_t>(b)]; t < p.cu[static_cast<size_t>(b) + 1]; ++t) {
-        const int64_t last = p.last_position(b, t - p.cu[static_cast<size_t>(b)]);
-        for (int64_t r = 0; r < p.topk; ++r) {
-          const int32_t id = in.selected.data[static_cast<size_t>((t * p.Hkv + h) * p.topk + r)];
+      const int64_t t_begin = p.cu[static_cast<size_t>(b)], t_end = p.cu[static_cast<size_t>(b) + 1];
+      const int32_t* const table = tables + b * max_pages;
+      const int64_t hb = ++ws.generation;  // stamps this (head, sequence)'s reads of its table
+      if (ws.edges.size() < static_cast<size_t>((t_end - t_begin) * topk)) ws.edges.resize(static_cast<size_t>((t_end - t_begin) * topk));
+      PlanWorkspace::Edge* const edges = ws.edges.data();
+      int64_t n = 0;
+      int64_t lo = p.msb, hi = -1;  // the range of blocks touched
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const int64_t stamp = ++ws.generation;  // this (query, head): a repeated id counts once
+        const int64_t last = p.last_position(b, t - t_begin);
+        const int32_t* const row = sel + (t * Hkv + h) * topk;
+        for (int64_t r = 0; r < topk; ++r) {
+          const int32_t id = row[r];
           if (id < 0) continue;                                        // padding
-          if (seen[static_cast<size_t>(id)] == t) continue;            // repeated id counts once
-          seen[static_cast<size_t>(id)] = t;
-          const int64_t start = id * p.block_size;
+          const size_t blk = static_cast<size_t>(id);
+          if (seen[blk] == stamp) continue;
+          seen[blk] = stamp;
+          const int64_t start = id * bs;
           if (start >= L || start > last) continue;                    // beyond L_b / causal future
-          if (block_empty[static_cast<size_t>(id)]) continue;         // no allocated page
-          const int64_t limit = std::min(p.block_size, last + 1 - start);
-          by_block[static_cast<size_t>(id)].push_back(
-              {static_cast<int32_t>(t), static_cast<int32_t>(r), static_cast<int32_t>(limit)});
-        }
-      }
-      for (int64_t blk = 0; blk < p.msb; ++blk) {
-        auto& edges = by_block[static_cast<size_t>(blk)];
-        if (edges.empty()) continue;
-        for (const Edge& e : edges) {
-          const int64_t id = ix.num_edges();
-          if (id >= std::numeric_limits<int32_t>::max()) {
-            throw InputError("selected", "fewer than 2^31 attended (query, block) edges",
-                             "more");
+          int32_t* const pages = block_pages + blk * ppb;
+          if (pages_stamp[blk] != hb) {
+            pages_stamp[blk] = hb;
+            int64_t avail = 0;  // positions before L_b on allocated pages
+            for (int64_t j = 0; j < ippb; ++j) {
+              const int64_t lp = id * ippb + j;
+              int32_t page = lp * ps < L ? table[lp] : layout::kNoPage;
+              if (page >= num_pages) bad_table_entry(b, lp, num_pages, page);
+              if (page < 0) page = layout::kNoPage;
+              pages[j] = page;
+              avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - start - j * ps, 0, ps);
+            }
+            block_avail[blk] = static_cast<int32_t>(avail);
           }
-          ix.inverse[static_cast<size_t>((e.t * p.Hkv + h) * p.topk + e.r)] =
-              static_cast<int32_t>(id);
-          ix.edge_query.push_back(e.t);
-          ix.edge_rank.push_back(e.r);
-          ix.edge_limit.push_back(e.limit);
+          if (block_avail[blk] == 0) continue;                         // no allocated page
+          const int64_t limit = std::min(bs, last + 1 - start);
+          if (limit >= std::min(bs, L - start)) {
+            attended += block_avail[blk];  // the whole block up to L_b (decode's every edge)
+          } else {
+            for (int64_t j = 0; j < ippb && j * ps < limit; ++j) {
+              if (pages[j] != layout::kNoPage) attended += std::min(ps, limit - j * ps);
+            }
+          }
+          edges[n++] = {static_cast<int32_t>(t), static_cast<int32_t>(r), static_cast<int32_t>(limit), id};
+          if (count[blk]++ == 0) {
+            touched_bits[blk >> 6] |= uint64_t{1} << (blk & 63);
+            lo = std::min<int64_t>(lo, id);
+            hi = std::max<int64_t>(hi, id);
+          }
         }
-        ix.unit_head.push_back(static_cast<int32_t>(h));
-        ix.unit_batch.push_back(static_cast<int32_t>(b));
-        ix.unit_block.push_back(static_cast<int32_t>(blk));
-        ix.unit_edge_begin.push_back(ix.num_edges());
-        edges.clear();
       }
+      if (n == 0) continue;
+      // Units in ascending block order (the set bits of the touched blocks' words, without a
+      // comparison sort); each unit's edges keep their (query, rank) order.
+      ws.touched.clear();
+      for (int64_t w = lo >> 6; w <= hi >> 6; ++w) {
+        for (uint64_t bits = ws.touched_bits[static_cast<size_t>(w)]; bits != 0; bits &= bits - 1) {
+          ws.touched.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(bits)));
+        }
+        ws.touched_bits[static_cast<size_t>(w)] = 0;
+      }
+      const int64_t base = ix.num_edges();
+      if (base + n >= std::numeric_limits<int32_t>::max()) {
+        throw InputError("selected", "fewer than 2^31 attended (query, block) edges", "more");
+      }
+      int64_t offset = base;
+      const size_t u0 = ix.unit_head.size(), nu = ws.touched.size();
+      ix.unit_head.resize(u0 + nu);
+      ix.unit_batch.resize(u0 + nu);
+      ix.unit_block.resize(u0 + nu);
+      ix.unit_edge_begin.resize(u0 + 1 + nu);
+      ix.unit_pages.resize((u0 + nu) * ppb);
+      int32_t* const unit_head = ix.unit_head.data() + u0;
+      int32_t* const unit_batch = ix.unit_batch.data() + u0;
+      int32_t* const unit_block = ix.unit_block.data() + u0;
+      int64_t* const unit_edge_end = ix.unit_edge_begin.data() + u0 + 1;
+      int32_t* const unit_pages = ix.unit_pages.data() + u0 * ppb;
+      for (size_t k = 0; k < nu; ++k) {
+        const int32_t id = ws.touched[k];
+        const int32_t c = count[id];
+        count[id] = static_cast<int32_t>(offset - base);  // now the unit's cursor
+        offset += c;
+        unit_head[k] = static_cast<int32_t>(h);
+        unit_batch[k] = static_cast<int32_t>(b);
+        unit_block[k] = id;
+        unit_edge_end[k] = offset;
+        const int32_t* const pages = block_pages + static_cast<size_t>(id) * ppb;
+        for (size_t j = 0; j < ppb; ++j) unit_pages[k * ppb + j] = pages[j];
+      }
+      ix.edge_query.resize(static_cast<size_t>(base + n));
+      ix.edge_rank.resize(static_cast<size_t>(base + n));
+      ix.edge_limit.resize(static_cast<size_t>(base + n));
+      int32_t* const edge_query = ix.edge_query.data();
+      int32_t* const edge_rank = ix.edge_rank.data();
+      int32_t* const edge_limit = ix.edge_limit.data();
+      int32_t* const inverse = ix.inverse.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const PlanWorkspace::Edge& e = edges[i];
+        const int64_t id = base + count[e.block]++;
+        edge_query[id] = e.t;
+        edge_rank[id] = e.r;
+        edge_limit[id] = e.limit;
+        inverse[(e.t * Hkv + h) * topk + e.r] = static_cast<int32_t>(id);
+      }
+      for (int32_t id : ws.touched) count[id] = 0;
     }
     ix.head_unit_begin.push_back(ix.num_units());
   }
-  return ix;
+  ix.attended_pairs = attended;
 }
 
-TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch) {
-  if (T <= 0) throw InputError("tile_edges (T)", "a positive number of edges per tile", std::to_string(T));
+TileSet build_tiles(const InputsView& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch) {
+  PlanWorkspace ws;
   TileSet ts;
+  build_tiles(in, p, ix, T, query_batch, ws, &ts);
+  return ts;
+}
+
+void build_tiles(const InputsView& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch,
+                 PlanWorkspace& ws, TileSet* out) {
+  if (T <= 0) throw InputError("tile_edges (T)", "a positive number of edges per tile", std::to_string(T));
+  TileSet& ts = *out;
   ts.T = T;
   ts.ppb = p.ppb;
   const int64_t Q = query_batch > 0 ? query_batch : std::max<int64_t>(p.Tq, 1);
   ts.query_batch = Q;
   const int64_t batches = std::max<int64_t>((p.Tq + Q - 1) / Q, 1);
+  std::vector<int64_t>& cursor = ws.cursor;
+  auto reset_cursor = [&] {
+    cursor.assign(ix.unit_edge_begin.begin(), ix.unit_edge_begin.end() - (ix.num_units() > 0 ? 1 : 0));
+  };
   // Tiles never mix batches: a unit's edges (ascending by query) are cut at batch boundaries.
   // Tiles are ordered by batch, then unit; one batch keeps the plain unit order.
   int64_t n = 0;
-  {
-    std::vector<int64_t> cursor(ix.unit_edge_begin.begin(), ix.unit_edge_begin.end() - (ix.num_units() > 0 ? 1 : 0));
+  if (batches == 1) {
+    for (int64_t u = 0; u < ix.num_units(); ++u) n += (ix.unit_edge_begin[u + 1] - ix.unit_edge_begin[u] + T - 1) / T;
+  } else {
+    reset_cursor();
     for (int64_t bt = 0; bt < batches; ++bt) {
       for (int64_t u = 0; u < ix.num_units(); ++u) {
         int64_t e = cursor[u];
@@ -134,7 +224,7 @@ TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64
   ts.num_tiles = n;
   ts.tile_head.resize(static_cast<size_t>(n));
   ts.tile_unit.resize(static_cast<size_t>(n));
-  ts.tile_pages.assign(static_cast<size_t>(n * p.ppb), layout::kNoPage);
+  ts.tile_pages.resize(static_cast<size_t>(n * p.ppb));
   ts.tile_query.assign(static_cast<size_t>(n * T), layout::kNoQuery);
   ts.tile_limit.assign(static_cast<size_t>(n * T), 0);
   ts.partial_index.assign(ix.inverse.size(), layout::kNoPartial);
@@ -142,19 +232,32 @@ TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64
   std::vector<int32_t>& edge_partial = ts.edge_partial;
   edge_partial.resize(static_cast<size_t>(ix.num_edges()));
 
-  std::vector<int64_t> cursor(ix.unit_edge_begin.begin(), ix.unit_edge_begin.end() - (ix.num_units() > 0 ? 1 : 0));
+  reset_cursor();
   int64_t tile = 0;
   for (int64_t bt = 0; bt < batches; ++bt) {
     for (int64_t u = 0; u < ix.num_units(); ++u) {
-      const int64_t b = ix.unit_batch[u], blk = ix.unit_block[u];
+      const int32_t* unit_pages = &ix.unit_pages[static_cast<size_t>(u * p.ppb)];
+      if (batches == 1 && T == 1) {  // decode: a tile per edge, no loop over slots
+        for (int64_t e = ix.unit_edge_begin[u]; e < ix.unit_edge_begin[u + 1]; ++e, ++tile) {
+          ts.tile_head[tile] = ix.unit_head[u];
+          ts.tile_unit[tile] = static_cast<int32_t>(u);
+          for (int64_t j = 0; j < p.ppb; ++j) ts.tile_pages[tile * p.ppb + j] = unit_pages[j];
+          ts.tile_query[tile] = ix.edge_query[e];
+          ts.tile_limit[tile] = ix.edge_limit[e];
+          edge_partial[e] = static_cast<int32_t>(tile);
+        }
+        continue;
+      }
       int64_t e_end = cursor[u];
-      while (e_end < ix.unit_edge_begin[u + 1] && (bt == batches - 1 || ix.edge_query[e_end] < (bt + 1) * Q)) ++e_end;
+      if (batches == 1) {
+        e_end = ix.unit_edge_begin[u + 1];
+      } else {
+        while (e_end < ix.unit_edge_begin[u + 1] && (bt == batches - 1 || ix.edge_query[e_end] < (bt + 1) * Q)) ++e_end;
+      }
       for (int64_t e0 = cursor[u]; e0 < e_end; e0 += T, ++tile) {
         ts.tile_head[tile] = ix.unit_head[u];
         ts.tile_unit[tile] = static_cast<int32_t>(u);
-        for (int64_t j = 0; j < p.ppb; ++j) {
-          ts.tile_pages[tile * p.ppb + j] = page_of(in, p, b, blk * p.ppb + j);
-        }
+        std::copy(unit_pages, unit_pages + p.ppb, &ts.tile_pages[static_cast<size_t>(tile * p.ppb)]);
         const int64_t e1 = std::min(e0 + T, e_end);
         for (int64_t e = e0; e < e1; ++e) {
           const int64_t slot = tile * T + (e - e0);
@@ -170,7 +273,6 @@ TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& ix, int64
   for (size_t i = 0; i < ix.inverse.size(); ++i) {
     if (ix.inverse[i] >= 0) ts.partial_index[i] = edge_partial[static_cast<size_t>(ix.inverse[i])];
   }
-  return ts;
 }
 
 double Plan::kv_unit_bytes() const {
@@ -186,15 +288,35 @@ int64_t auto_tile_edges(const KvIndex& ix) {
   return T;
 }
 
-Plan make_plan(const Inputs& in, const PlanOptions& opt) {
+Plan make_plan(const InputsView& in, const PlanOptions& opt) {
+  Planner planner(opt);
+  planner.plan(in);
+  return planner.current();
+}
+
+const Plan& Planner::plan(const InputsView& in) {
   const auto t0 = std::chrono::steady_clock::now();
-  Plan plan;
-  plan.problem = validate(in);
-  plan.index = build_kvouter_index(in, plan.problem);
+  validate(in, &plan_.problem, true);
+  build(in);
+  plan_.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan_;
+}
+
+const Plan& Planner::plan_checked_tables(const InputsView& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate(in, &plan_.problem, false);
+  build(in);
+  plan_.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan_;
+}
+
+const Plan& Planner::build(const InputsView& in) {
+  Plan& plan = plan_;
   const Problem& p = plan.problem;
-  const int64_t T = opt.tile_edges > 0 ? opt.tile_edges : auto_tile_edges(plan.index);
-  plan.tiles = build_tiles(in, p, plan.index, T);
-  if (opt.max_batch_partial_floats > 0) {
+  build_kvouter_index(in, p, ws_, &plan.index);
+  const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
+  build_tiles(in, p, plan.index, T, 0, ws_, &plan.tiles);
+  if (opt_.max_batch_partial_floats > 0) {
     // Query batches whose partials each fit the limit: start from the even split, halve the
     // batch until every batch fits (tiles cut at batch boundaries add padding rows). A tile's
     // largest device buffer share: its partials, or the GPU schedules' per-tile intermediates
@@ -203,32 +325,25 @@ Plan make_plan(const Inputs& in, const PlanOptions& opt) {
     const int64_t tile_floats = std::max({rows * (p.D + layout::kPartialExtra), p.block_size * rows, p.block_size * p.D});
     auto fits = [&](const TileSet& ts) {
       for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
-        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * tile_floats > opt.max_batch_partial_floats) return false;
+        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * tile_floats > opt_.max_batch_partial_floats) return false;
       }
       return true;
     };
     if (!fits(plan.tiles)) {
       const double total = static_cast<double>(plan.tiles.num_tiles) * static_cast<double>(tile_floats);
-      int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt.max_batch_partial_floats) / total));
+      int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt_.max_batch_partial_floats) / total));
       for (;;) {
-        plan.tiles = build_tiles(in, p, plan.index, T, Q);
+        build_tiles(in, p, plan.index, T, Q, ws_, &plan.tiles);
         if (fits(plan.tiles)) break;
         if (Q == 1) {
           throw BackendError("plan: the partials of one query exceed the device's buffer limit of " +
-                             std::to_string(opt.max_batch_partial_floats) + " floats");
+                             std::to_string(opt_.max_batch_partial_floats) + " floats");
         }
         Q = std::max<int64_t>(1, Q / 2);
       }
     }
   }
-  for (int64_t u = 0; u < plan.index.num_units(); ++u) {
-    for (int64_t e = plan.index.unit_edge_begin[u]; e < plan.index.unit_edge_begin[u + 1]; ++e) {
-      plan.attended_pairs += attended_in_block(in, p, plan.index.unit_batch[u],
-                                               plan.index.unit_block[u], plan.index.edge_limit[e]);
-    }
-  }
-  plan.plan_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  plan.attended_pairs = plan.index.attended_pairs;
   return plan;
 }
 

@@ -41,22 +41,79 @@ void check_tensor(const char* field, const Tensor<T>& t, int rank) {
   }
 }
 
-void expect_dim(const char* field, const std::string& what, int64_t expected, int64_t actual) {
+template <class T>
+TensorView<const T> view_of(const char* field, const Tensor<T>& t, int rank) {
+  check_tensor(field, t, rank);
+  TensorView<const T> v;
+  v.data = t.data.data();
+  v.rank = rank;
+  for (int i = 0; i < rank; ++i) v.shape[static_cast<size_t>(i)] = t.shape[static_cast<size_t>(i)];
+  v.set_row_major_strides();
+  return v;
+}
+
+// A view: its rank, extents (count and bytes within 64 bits), row-major contiguous strides, and
+// data behind any element.
+template <class T>
+void check_view(const char* field, const TensorView<T>& v, int rank) {
+  if (v.rank != rank) {
+    throw InputError(field, std::to_string(rank) + " dimensions", std::to_string(v.rank));
+  }
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t e = v.shape[static_cast<size_t>(i)];
+    if (e < 0) throw InputError(field, "non-negative extents", shape_str(v));
+    if (__builtin_mul_overflow(n, e, &n)) {
+      throw InputError(field, "a shape whose element count fits in 64 bits", shape_str(v));
+    }
+  }
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(sizeof(T)), &n)) {
+    throw InputError(field, "a shape whose byte count fits in 64 bits", shape_str(v));
+  }
+  if (!v.row_major()) {
+    std::string strides;
+    for (int i = 0; i < rank; ++i) strides += (i ? ", " : "") + str(v.strides[static_cast<size_t>(i)]);
+    throw InputError(field, "a row-major contiguous view of shape " + shape_str(v), "strides [" + strides + "]");
+  }
+  if (n > 0 && v.data == nullptr) throw InputError(field, "data for " + str(n / static_cast<int64_t>(sizeof(T))) + " elements", "a null pointer");
+}
+
+void expect_dim(const char* field, const char* what, int64_t expected, int64_t actual) {
   if (expected != actual) throw InputError(std::string(field) + " " + what, str(expected), str(actual));
 }
 
 }  // namespace
 
-Problem validate(const Inputs& in) {
-  check_tensor("q", in.q, 3);
-  check_tensor("k_pages", in.k_pages, 4);
-  check_tensor("v_pages", in.v_pages, 4);
-  check_tensor("selected", in.selected, 3);
-  check_tensor("block_tables", in.block_tables, 2);
-  check_tensor("cu_seqlens_q", in.cu_seqlens_q, 1);
-  if (in.used_kv_lens) check_tensor("used_kv_lens", *in.used_kv_lens, 1);
+InputsView::InputsView(const Inputs& in)
+    : q(view_of("q", in.q, 3)),
+      k_pages(view_of("k_pages", in.k_pages, 4)),
+      v_pages(view_of("v_pages", in.v_pages, 4)),
+      selected(view_of("selected", in.selected, 3)),
+      block_tables(view_of("block_tables", in.block_tables, 2)),
+      cu_seqlens_q(view_of("cu_seqlens_q", in.cu_seqlens_q, 1)),
+      block_size(in.block_size),
+      page_size(in.page_size),
+      causal(in.causal),
+      softmax_scale(in.softmax_scale) {
+  if (in.used_kv_lens) used_kv_lens = view_of("used_kv_lens", *in.used_kv_lens, 1);
+}
 
+Problem validate(const InputsView& in) {
   Problem p;
+  validate(in, &p, true);
+  return p;
+}
+
+void validate(const InputsView& in, Problem* out, bool check_block_tables) {
+  Problem& p = *out;
+  check_view("q", in.q, 3);
+  check_view("k_pages", in.k_pages, 4);
+  check_view("v_pages", in.v_pages, 4);
+  check_view("selected", in.selected, 3);
+  check_view("block_tables", in.block_tables, 2);
+  check_view("cu_seqlens_q", in.cu_seqlens_q, 1);
+  if (in.used_kv_lens) check_view("used_kv_lens", *in.used_kv_lens, 1);
+
   p.Tq = in.q.dim(0);
   p.Hq = in.q.dim(1);
   p.D = in.q.dim(2);
@@ -70,8 +127,7 @@ Problem validate(const Inputs& in) {
   p.causal = in.causal;
 
   if (in.v_pages.shape != in.k_pages.shape) {
-    throw InputError("v_pages.shape", "the shape of k_pages " + shape_str(in.k_pages.shape),
-                     shape_str(in.v_pages.shape));
+    throw InputError("v_pages.shape", "the shape of k_pages " + shape_str(in.k_pages), shape_str(in.v_pages));
   }
   if (p.Hkv == 0) throw InputError("k_pages.shape[1] (Hkv)", "a positive number of KV heads", "0");
   if (p.D == 0) throw InputError("q.shape[2] (D)", "a positive head dimension", "0");
@@ -121,7 +177,7 @@ Problem validate(const Inputs& in) {
   if (cu[p.B] != p.Tq) {
     throw InputError("cu_seqlens_q[" + str(p.B) + "]", "Tq = " + str(p.Tq), str(cu[p.B]));
   }
-  p.cu = cu;
+  p.cu.assign(cu, cu + p.B + 1);
 
   const int64_t max_len = p.msb * p.block_size;
   p.kv_len.resize(static_cast<size_t>(p.B));
@@ -136,6 +192,7 @@ Problem validate(const Inputs& in) {
     }
     p.kv_len[static_cast<size_t>(b)] = L;
     // Every page that covers a position p < L must be a valid physical page (or negative).
+    if (!check_block_tables) continue;
     const int64_t pages_used = (L + p.page_size - 1) / p.page_size;
     for (int64_t lp = 0; lp < pages_used; ++lp) {
       const int32_t page = in.block_tables.data[static_cast<size_t>(b * p.max_pages + lp)];
@@ -164,7 +221,6 @@ Problem validate(const Inputs& in) {
   } else {
     p.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
   }
-  return p;
 }
 
 }  // namespace kvouter

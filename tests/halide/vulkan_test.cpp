@@ -68,7 +68,7 @@ std::vector<std::string> vulkan_schedules(bool twins = false) {
 }
 
 // Where Halide 21's GPU autoschedulers produce wrong kernels for this pipeline (measured on
-// lavapipe under the validation layer; README "Vulkan").
+// lavapipe under the validation layer; docs/vulkan.md).
 const char* twin_known_failure(const std::string& twin, const std::string& kind) {
   static const std::set<std::string> anderson_invalid = {"gqa_causal_long_kv", "padding_duplicates", "negative_shared_pages",
                                                          "partial_block_topk_gt_blocks", "d72_block256_len232",

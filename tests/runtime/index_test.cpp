@@ -1,14 +1,19 @@
 // build_kvouter_index and build_tiles: dedup, dropping, causal pruning, the inverse map round
-// trip, determinism, and the tile arrays.
+// trip, determinism, and the tile arrays; the linear build against the first, block-by-block one
+// (index_reference.h); the Planner reused across steps, its checks, and its allocations.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <limits>
+#include <new>
 
 #include "case_gen.h"
 #include "case_kinds.h"
 #include "kvouter/errors.h"
 #include "kvouter/plan.h"
 #include "kvouter/tile_layout.h"
+#include "runtime/index_reference.h"
 
 namespace kvouter {
 namespace {
@@ -223,6 +228,156 @@ TEST(Plan, FlopsCountAttendedTriples) {
   const Plan plan = make_plan(in);
   EXPECT_EQ(plan.attended_pairs, 6);
   EXPECT_DOUBLE_EQ(plan.flops(), 4.0 * 4 * 6);
+}
+
+}  // namespace
+}  // namespace kvouter
+
+namespace kvouter {
+namespace {
+
+// Every allocation of this test binary is counted, so that a test can see whether a step allocates.
+std::atomic<int64_t> g_allocations{0};
+
+}  // namespace
+}  // namespace kvouter
+
+// GCC cannot see that these replace the global pair together.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(size_t n) {
+  kvouter::g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace kvouter {
+namespace {
+
+// Variations of every case kind: padding, repeated ids, unallocated pages, shared pages, causal
+// and not, several seeds.
+std::vector<std::pair<std::string, experiments::CaseSpec>> varied_kinds() {
+  std::vector<std::pair<std::string, experiments::CaseSpec>> out;
+  for (const auto& [name, spec] : testing::case_kinds()) {
+    for (uint64_t seed : {11u, 12u}) {
+      experiments::CaseSpec s = spec;
+      s.seed = seed;
+      s.pad_prob = seed == 11 ? 0.2 : 0.0;
+      s.dup_prob = seed == 11 ? 0.2 : 0.05;
+      s.neg_page_prob = seed == 12 ? 0.25 : s.neg_page_prob;
+      s.causal = seed == 11 ? s.causal : !s.causal;
+      out.emplace_back(name + " seed " + std::to_string(seed), s);
+    }
+  }
+  return out;
+}
+
+void expect_same_index(const KvIndex& a, const KvIndex& b) {
+  EXPECT_EQ(a.head_unit_begin, b.head_unit_begin);
+  EXPECT_EQ(a.unit_head, b.unit_head);
+  EXPECT_EQ(a.unit_batch, b.unit_batch);
+  EXPECT_EQ(a.unit_block, b.unit_block);
+  EXPECT_EQ(a.unit_edge_begin, b.unit_edge_begin);
+  EXPECT_EQ(a.edge_query, b.edge_query);
+  EXPECT_EQ(a.edge_rank, b.edge_rank);
+  EXPECT_EQ(a.edge_limit, b.edge_limit);
+  EXPECT_EQ(a.inverse, b.inverse);
+}
+
+void expect_same_plan(const Plan& a, const Plan& b) {
+  expect_same_index(a.index, b.index);
+  EXPECT_EQ(a.index.unit_pages, b.index.unit_pages);
+  EXPECT_EQ(a.attended_pairs, b.attended_pairs);
+  EXPECT_EQ(a.tiles.T, b.tiles.T);
+  EXPECT_EQ(a.tiles.num_tiles, b.tiles.num_tiles);
+  EXPECT_EQ(a.tiles.tile_head, b.tiles.tile_head);
+  EXPECT_EQ(a.tiles.tile_unit, b.tiles.tile_unit);
+  EXPECT_EQ(a.tiles.tile_pages, b.tiles.tile_pages);
+  EXPECT_EQ(a.tiles.tile_query, b.tiles.tile_query);
+  EXPECT_EQ(a.tiles.tile_limit, b.tiles.tile_limit);
+  EXPECT_EQ(a.tiles.partial_index, b.tiles.partial_index);
+  EXPECT_EQ(a.tiles.batch_tile_begin, b.tiles.batch_tile_begin);
+  EXPECT_EQ(a.problem.kv_len, b.problem.kv_len);
+  EXPECT_EQ(a.problem.cu, b.problem.cu);
+}
+
+TEST(Index, LinearBuildMatchesTheBlockByBlockBuild) {
+  for (const auto& [name, spec] : varied_kinds()) {
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    const Problem p = validate(in);
+    const KvIndex ix = build_kvouter_index(in, p);
+    expect_same_index(ix, testing_index::reference_kvouter_index(in, p));
+    // Each unit's pages and the attended pairs, as the first build's page_of and
+    // attended_in_block give them.
+    int64_t attended = 0;
+    for (int64_t u = 0; u < ix.num_units(); ++u) {
+      for (int64_t j = 0; j < p.ppb; ++j) {
+        EXPECT_EQ(ix.unit_pages[u * p.ppb + j],
+                  testing_index::page_of(in, p, ix.unit_batch[u], ix.unit_block[u] * p.ppb + j));
+      }
+      for (int64_t e = ix.unit_edge_begin[u]; e < ix.unit_edge_begin[u + 1]; ++e) {
+        attended += testing_index::attended_in_block(in, p, ix.unit_batch[u], ix.unit_block[u], ix.edge_limit[e]);
+      }
+    }
+    EXPECT_EQ(ix.attended_pairs, attended);
+  }
+}
+
+TEST(Planner, ReusedAcrossStepsOfChangingShapesGivesFreshPlans) {
+  // One planner through steps that grow, shrink and change geometry: each plan equals a fresh one.
+  Planner planner;
+  Planner batched(PlanOptions{0, 1 << 16});
+  const auto kinds = varied_kinds();
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const auto& [name, spec] = kinds[(i * 7) % kinds.size()];
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    expect_same_plan(planner.plan(in), make_plan(in));
+    expect_same_plan(planner.plan_checked_tables(in), make_plan(in));
+    expect_same_plan(batched.plan(in), make_plan(in, PlanOptions{0, 1 << 16}));
+  }
+}
+
+TEST(Planner, ChecksTheTableEntriesASelectionReaches) {
+  Inputs in = hand_case({1, 0}, 1, 12, false, 2);
+  Planner planner;
+  planner.plan_checked_tables(in);
+  // A page id past the pool in block 1 (logical pages 2 and 3), which the selection reaches.
+  in.block_tables.data[3] = 1000;
+  for (bool full : {true, false}) {
+    try {
+      full ? planner.plan(in) : planner.plan_checked_tables(in);
+      ADD_FAILURE() << "no error for a page id past the pool";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("block_tables[0, 3]"), std::string::npos) << e.what();
+    }
+  }
+  // An entry no selection reaches is checked by plan() only (the caller vouches for the tables).
+  in.block_tables.data[3] = 0;
+  in.selected.data = {0, -1};
+  in.block_tables.data[4] = 1000;  // block 2
+  EXPECT_THROW(planner.plan(in), InputError);
+  EXPECT_NO_THROW(planner.plan_checked_tables(in));
+}
+
+TEST(Planner, AStepOfTheSameSizeAllocatesNothing) {
+  experiments::CaseSpec s = experiments::named_shape("decode");
+  s.D = 1;  // the plan never reads K/V: decode's geometry with one channel
+  s.kv = std::vector<int64_t>(s.kv.size(), 4096);
+  Inputs in = experiments::make_case(s);
+  Planner planner;
+  planner.plan_checked_tables(in);
+  planner.plan(in);
+  for (bool checked : {false, true}) {
+    // A new selection of the same size (every id moved to another block): same array sizes.
+    for (auto& id : in.selected.data) id = id > 0 ? id - 1 : id;
+    const int64_t before = g_allocations.load();
+    const Plan& plan = checked ? planner.plan_checked_tables(in) : planner.plan(in);
+    EXPECT_EQ(g_allocations.load() - before, 0) << (checked ? "plan_checked_tables" : "plan");
+    EXPECT_GT(plan.index.num_edges(), 0);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The backend interface: every backend takes the same Plan and Inputs and returns the same
-// Outputs, so tests, benchmarks, sweeps and the tuner treat them all alike.
+// The backend interface: every backend takes the same Plan and inputs (views of caller memory)
+// and returns the same Outputs (or writes them into caller memory), so tests, benchmarks, sweeps and the tuner treat them all alike.
 #pragma once
 
 #include <functional>
@@ -17,6 +17,18 @@ struct Outputs {
   Tensor<float> out;  // [Tq, Hq, D]
   Tensor<float> lse;  // [Tq, Hq]
 };
+
+// Caller memory that a run writes its results into: out [Tq, Hq, D] and lse [Tq, Hq], row-major.
+struct OutputsView {
+  TensorView<float> out;
+  TensorView<float> lse;
+  OutputsView() = default;
+  OutputsView(TensorView<float> o, TensorView<float> l) : out(o), lse(l) {}
+  OutputsView(Outputs& o);  // NOLINT: implicit, a view of owned outputs
+};
+
+// InputError naming "out" or "lse" unless the views have the problem's shapes, row-major.
+void check_outputs(const OutputsView& out, const Problem& p);
 
 // Forward results: [num_partials, qhead, D + 2] packed (o, m, l), see tile_layout.h.
 struct Partials {
@@ -43,7 +55,7 @@ struct RunTiming {
 // forward and combine run back to back for at least warmup_ms (untimed), then `reps` times,
 // timed; the outputs are those of the last repetition. The warm-up matters on the lent H200: its
 // driver leaves a Vulkan-only load at the idle SM clock (345 MHz instead of 1980) unless the GPU
-// has been busy for a while (measured, README "Vulkan (GPU)"); repeating whole runs instead
+// has been busy for a while (measured, docs/vulkan.md); repeating whole runs instead
 // re-uploads the inputs between kernels, long enough for the clock to drop again.
 struct KernelTiming {
   int reps = 1;
@@ -73,7 +85,10 @@ class Backend {
   virtual std::map<std::string, std::string> params() const { return {}; }
   // The plan this backend wants (its tile size T).
   virtual PlanOptions plan_options() const { return {}; }
-  virtual Outputs run(const Plan& plan, const Inputs& in) = 0;
+  virtual Outputs run(const Plan& plan, const InputsView& in) = 0;
+  // The same, written into caller memory (checked with check_outputs). The Halide backends write
+  // their results there directly; the others run() and copy.
+  virtual void run_into(const Plan& plan, const InputsView& in, const OutputsView& out);
   const RunTiming& last_timing() const { return timing_; }
   // Kernel repetitions and warm-up within each run; backends without separate kernels (direct,
   // dense) ignore it and report one repetition.

@@ -46,7 +46,10 @@ int64_t tile_edges_of(const std::map<std::string, std::string>& knobs);
 
 // Runs forward then combine over the plan (on the kernels' device where they have one), timed as
 // `kt` asks; fills `timing`.
-Outputs run_kernels(const Kernels& kernels, const Plan& plan, const Inputs& in, RunTiming* timing,
+Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,
                     const KernelTiming& kt = {});
+// The same into caller memory (check_outputs first).
+void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& out,
+                 RunTiming* timing, const KernelTiming& kt = {});
 
 }  // namespace kvouter::halide

@@ -21,6 +21,23 @@ struct Inputs {
   std::optional<float> softmax_scale;
 };
 
+// The same inputs as views of caller memory: what validate(), the planner and every backend read.
+// An Inputs converts to it (each tensor's element count checked against its shape, InputError
+// naming the field); an engine builds one over its own arrays, and nothing is copied.
+struct InputsView {
+  TensorView<const float> q, k_pages, v_pages;
+  TensorView<const int32_t> selected, block_tables;
+  TensorView<const int64_t> cu_seqlens_q;
+  std::optional<TensorView<const int32_t>> used_kv_lens;
+  int64_t block_size = 0;
+  int64_t page_size = 0;
+  bool causal = false;
+  std::optional<float> softmax_scale;
+
+  InputsView() = default;
+  InputsView(const Inputs& in);  // NOLINT: implicit on purpose, every entry point takes views
+};
+
 // Sizes of a validated problem (SPEC §1 "Derived").
 struct Problem {
   int64_t Tq = 0, Hq = 0, Hkv = 0, D = 0, qhead = 0;
@@ -44,6 +61,10 @@ struct Problem {
 };
 
 // Checks every SPEC §3 rule; throws InputError naming the field on the first violation.
-Problem validate(const Inputs& in);
+Problem validate(const InputsView& in);
+// The same into an existing Problem (its vectors reused). With check_block_tables false, the
+// page ids of block_tables are not scanned (the caller checked them where it wrote them); every
+// other rule is checked.
+void validate(const InputsView& in, Problem* p, bool check_block_tables);
 
 }  // namespace kvouter

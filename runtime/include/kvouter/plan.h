@@ -22,12 +22,38 @@ struct KvIndex {
   std::vector<int32_t> edge_rank;        // [edges] rank r in selected[t, h, :]
   std::vector<int32_t> edge_limit;       // [edges] attended block positions [0, limit)
   std::vector<int32_t> inverse;          // [Tq, Hkv, topk] -> edge id, or -1
+  // [units, ppb] the physical page of each of the unit's pages, layout::kNoPage where the page is
+  // unallocated or wholly at or after L_b (the planner's one read of block_tables per unit).
+  std::vector<int32_t> unit_pages;
+  int64_t attended_pairs = 0;  // (t, h, p) triples really attended, before the qhead fan-out
 
   int64_t num_units() const { return static_cast<int64_t>(unit_head.size()); }
   int64_t num_edges() const { return static_cast<int64_t>(edge_query.size()); }
 };
 
-KvIndex build_kvouter_index(const Inputs& in, const Problem& p);
+// Scratch of the index build, reused across steps: per-block stamps, counts and offsets sized by
+// the widest block table seen (msb), never cleared (generation stamps), so that a step costs what
+// its edges cost, whatever the table width or the pool size.
+struct PlanWorkspace {
+  struct Edge {
+    int32_t t, r, limit, block;
+  };
+  int64_t generation = 0;
+  std::vector<int64_t> seen;         // [msb] stamp of the last (query, head) that took the block
+  std::vector<int64_t> pages_stamp;  // [msb] stamp of the (head, sequence) that read the pages
+  std::vector<int32_t> pages;        // [msb, ppb] the block's physical pages (kNoPage: none)
+  std::vector<int32_t> avail;        // [msb] positions of the block before L_b on allocated pages
+  std::vector<int32_t> count;        // [msb] edges per block of the current (head, sequence); 0 after
+  std::vector<uint64_t> touched_bits;  // [ceil(msb / 64)] blocks of the current (head, sequence)
+  std::vector<int32_t> touched;        // the same, ascending
+  std::vector<Edge> edges;           // edges of the current (head, sequence), in (query, rank) order
+  std::vector<int64_t> cursor;       // [units] build_tiles' per-unit edge cursor
+};
+
+// Linear in the edges: each (head, sequence)'s edges counting-sorted by block (plus a word per 64
+// blocks of the span its selections touch).
+KvIndex build_kvouter_index(const InputsView& in, const Problem& p);
+void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* ix);
 
 // Tiles: each work unit split into tiles of at most T edges (layout in tile_layout.h).
 struct TileSet {
@@ -50,7 +76,9 @@ struct TileSet {
   int64_t num_partials() const { return num_tiles * T; }
 };
 
-TileSet build_tiles(const Inputs& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
+TileSet build_tiles(const InputsView& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
+void build_tiles(const InputsView& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch,
+                 PlanWorkspace& ws, TileSet* ts);
 
 struct PlanOptions {
   // T, edges per tile. 0 = automatic: the next power of two of the mean edges per work unit,
@@ -80,6 +108,31 @@ struct Plan {
   double kv_unit_bytes() const;
 };
 
-Plan make_plan(const Inputs& in, const PlanOptions& opt = {});
+// One step's plan, built once (validate() on every input, then the index and the tiles).
+Plan make_plan(const InputsView& in, const PlanOptions& opt = {});
+
+// FlashInfer's plan(), for a stream of steps: each plan() rebuilds the step's plan into the arrays
+// of the previous one, so that once they have grown to a step's size no step allocates. It reads
+// the selection, the block tables and the lengths, never K or V.
+class Planner {
+ public:
+  explicit Planner(PlanOptions opt = {}) : opt_(opt) {}
+
+  // Validates the step (validate()) and plans it.
+  const Plan& plan(const InputsView& in);
+  // The same, without re-checking block_tables' page ids over every sequence's length: for callers
+  // that check the entries where they write them (a KV cache's appends). The entries a selection
+  // reaches are still checked, and a bad one is the same InputError naming the entry.
+  const Plan& plan_checked_tables(const InputsView& in);
+
+  const Plan& current() const { return plan_; }
+  const PlanOptions& options() const { return opt_; }
+
+ private:
+  const Plan& build(const InputsView& in);
+  PlanOptions opt_;
+  Plan plan_;
+  PlanWorkspace ws_;
+};
 
 }  // namespace kvouter

@@ -1,6 +1,8 @@
-// A minimal owning, row-major (C order) n-d array: the layout of the .npy files.
+// A minimal owning, row-major (C order) n-d array (the layout of the .npy files), and the
+// non-owning view of memory the caller keeps (an engine's own q, KV pool, tables).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,5 +32,58 @@ struct Tensor {
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);
+
+inline constexpr int kMaxViewRank = 4;
+
+// A view of caller memory: data pointer, shape and strides (in elements). Nothing is copied or
+// owned; the memory must outlive every call that reads it. The inputs must be row-major and
+// contiguous (validate() names the field otherwise).
+template <class T>
+struct TensorView {
+  T* data = nullptr;
+  int rank = 0;
+  std::array<int64_t, kMaxViewRank> shape{};
+  std::array<int64_t, kMaxViewRank> strides{};
+
+  TensorView() = default;
+  // A row-major contiguous view of `shape` (at most kMaxViewRank extents).
+  TensorView(T* d, std::initializer_list<int64_t> s) : data(d), rank(static_cast<int>(s.size())) {
+    int i = 0;
+    for (int64_t e : s) {
+      if (i < kMaxViewRank) shape[static_cast<size_t>(i)] = e;
+      ++i;
+    }
+    set_row_major_strides();
+  }
+
+  int64_t dim(int i) const { return shape[static_cast<size_t>(i)]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= shape[static_cast<size_t>(i)];
+    return n;
+  }
+  T* ptr() const { return data; }
+  std::vector<int64_t> shape_vec() const { return {shape.begin(), shape.begin() + rank}; }
+  bool row_major() const {
+    int64_t expect = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      if (shape[static_cast<size_t>(i)] != 1 && strides[static_cast<size_t>(i)] != expect) return false;
+      expect *= shape[static_cast<size_t>(i)];
+    }
+    return true;
+  }
+  void set_row_major_strides() {
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      strides[static_cast<size_t>(i)] = stride;
+      stride *= shape[static_cast<size_t>(i)];
+    }
+  }
+};
+
+template <class T>
+std::string shape_str(const TensorView<T>& v) {
+  return shape_str(v.shape_vec());
+}
 
 }  // namespace kvouter
