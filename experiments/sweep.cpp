@@ -200,7 +200,9 @@ int run_sweep(const SweepOptions& opt) {
                 {"repro", "build/bin/kvouter sweep " + opt.config + " --point '" + id + "'"},
                 {"timestamp", now_iso()}};
     try {
-      auto backend = BackendRegistry::instance().make(run.cfg);
+      BackendConfig cfg = run.cfg;
+      cfg.caller_checks_results = true;  // every point is compared with the oracle (measure)
+      auto backend = BackendRegistry::instance().make(cfg);
       rec["schedule"] = backend->schedule();
       rec["knobs"] = backend->params();
       rec["target"] = backend->target();

@@ -218,7 +218,8 @@ int run_tune(const TuneOptions& opt) {
                 {"machine", machine_fingerprint()}, {"halide_version", halide_version()}, {"timestamp", now_iso()}};
     std::string status;
     try {
-      auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target});
+      // Every candidate's result is compared with the oracle below.
+      auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target, true});
       const Plan plan = make_plan(in, backend->plan_options());
       const Measurement m = measure(*backend, plan, in, ref, opt.repeats,
                                     best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0, warmup_ms);

@@ -55,6 +55,16 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and "time_ms=" in r.stdout, "--warmup-ms runs")
     r = run("run", case, "--out", out)
     expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
+    # An autoscheduled GPU twin with a known wrong result on this case: an error, never the result.
+    if "host-vulkan" in run("run", "--help").stdout:
+        out_twin = os.path.join(tmp, "out_twin")
+        r = run("run", case, "--out", out_twin, "--backend", "jit", "--schedule", "auto_mullapudi2016_gpu",
+                "--target", "host-vulkan")
+        expect(r.returncode == 2 and "off the float64 oracle" in r.stderr
+               and not os.path.exists(os.path.join(out_twin, "out.npy")),
+               f"a GPU twin's wrong result is an error, exit 2, nothing written: {r.stderr.strip()[-300:]}")
+    else:
+        print("skipped: the GPU twin check needs a Vulkan device (none found)")
     # compare: the AOT variant against the JIT of its configuration (the speed guard itself is the
     # bench_aot_vs_jit ctests); here its contract. A generous ratio keeps this a functional check.
     r = run("compare", case, "--repeat", "2", "--max-ratio", "100")

@@ -284,7 +284,7 @@ void expect_known_failure(const std::string& twin, const std::pair<std::string, 
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   try {
-    auto backend = BackendRegistry::instance().make({"jit", twin, {}, "host-vulkan"});
+    auto backend = BackendRegistry::instance().make({"jit", twin, {}, "host-vulkan", true});  // compared below
     const Plan plan = make_plan(in, backend->plan_options());
     const auto err = experiments::compare_outputs(backend->run(plan, in), reference::dense_attention<double>(in, plan.problem));
     if (!err.ok()) failure = "outputs off the oracle (max|out err| " + std::to_string(err.max_out_err) + ")";
@@ -306,6 +306,45 @@ TEST_P(VulkanTwinTest, MatchesOracle) {
   const auto& [twin, kind] = GetParam();
   if (const char* why = twin_known_failure(twin, kind.first)) return expect_known_failure(twin, kind, why);
   check("jit", twin, experiments::make_case(kind.second), kind.first);
+}
+
+// Through the registry (as `kvouter run` makes them), a GPU twin never returns a wrong result: its
+// known wrong case is an error naming the defect, and an input too large for the oracle is refused
+// before anything runs.
+TEST(Vulkan, GpuTwinsNeverReturnAWrongResultSilently) {
+  REQUIRE_VULKAN();
+  experiments::register_all_backends();
+  const auto kinds = testing::case_kinds();
+  const auto tiny = std::find_if(kinds.begin(), kinds.end(), [](const auto& k) { return k.first == "tiny"; });
+  ASSERT_NE(tiny, kinds.end());
+  {
+    const Inputs in = experiments::make_case(tiny->second);
+    auto backend = BackendRegistry::instance().make({"jit", "auto_mullapudi2016_gpu", {}, "host-vulkan"});
+    const Plan plan = make_plan(in, backend->plan_options());
+    try {
+      backend->run(plan, in);
+      ADD_FAILURE() << "a wrong result was returned";
+    } catch (const BackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("off the float64 oracle"), std::string::npos) << e.what();
+    }
+  }
+  experiments::CaseSpec big;
+  big.qo = {4096};
+  big.kv = {32768};
+  big.D = 16;
+  big.benchmark_selection = true;
+  const Inputs in = experiments::make_case(big);
+  for (const char* twin : {"auto_mullapudi2016_gpu", "auto_anderson2021"}) {
+    auto backend = BackendRegistry::instance().make({"jit", twin, {}, "host-vulkan"});
+    const Plan plan = make_plan(in, backend->plan_options());
+    try {
+      backend->run(plan, in);
+      ADD_FAILURE() << twin << " ran unchecked";
+    } catch (const BackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("too large to check"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(backend->last_timing().compile_ms, 0.0) << "refused before compiling";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TwinXKind, VulkanTwinTest,

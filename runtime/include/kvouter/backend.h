@@ -68,6 +68,9 @@ struct BackendConfig {
   std::string schedule;                        // empty = the backend's default
   std::map<std::string, std::string> params;   // schedule knobs, e.g. T=16
   std::string target;                          // Halide target string; empty = default
+  // The caller compares every result with an oracle itself (the tuner): the autoscheduled GPU
+  // twins then skip their own check (experiments/registry.cpp).
+  bool caller_checks_results = false;
 };
 
 // Which GPU API a target string (as given or resolved, e.g. "host-vulkan", "x86-64-linux-cuda")
