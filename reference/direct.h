@@ -9,6 +9,8 @@
 namespace kvouter::reference {
 
 Partials direct_forward(const Plan& plan, const InputsView& in);
+// Into partials made by Partials::empty(plan) (o = 0, m masked, l = 0).
+void direct_forward(const Plan& plan, const InputsView& in, Partials* parts);
 
 std::unique_ptr<Backend> make_direct_backend(const BackendConfig& cfg);
 

@@ -43,6 +43,12 @@ Partials Partials::empty(const Plan& plan) {
 Outputs combine_partials(const Plan& plan, const Partials& parts) {
   const Problem& p = plan.problem;
   Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  combine_partials(plan, parts, res);
+  return res;
+}
+
+void combine_partials(const Plan& plan, const Partials& parts, const OutputsView& res) {
+  const Problem& p = plan.problem;
   const auto& pidx = plan.tiles.partial_index;
   std::vector<double> acc(static_cast<size_t>(p.D));
   const int64_t C = p.D + layout::kPartialExtra;
@@ -58,7 +64,8 @@ Outputs combine_partials(const Plan& plan, const Partials& parts) {
       float* out = &res.out.data[static_cast<size_t>((t * p.Hq + j) * p.D)];
       if (mmax <= layout::kEmptyThreshold) {
         res.lse.data[t * p.Hq + j] = -std::numeric_limits<float>::infinity();
-        continue;  // out stays 0
+        std::fill(out, out + p.D, 0.f);
+        continue;
       }
       std::fill(acc.begin(), acc.end(), 0.0);
       double lsum = 0;
@@ -75,7 +82,6 @@ Outputs combine_partials(const Plan& plan, const Partials& parts) {
       res.lse.data[t * p.Hq + j] = static_cast<float>(mmax + std::log(lsum));
     }
   }
-  return res;
 }
 
 BackendRegistry& BackendRegistry::instance() {

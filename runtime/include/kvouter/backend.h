@@ -39,6 +39,7 @@ struct Partials {
 // Log-sum-exp combine on the host: out[t, j] = sum_r w_r o_r / sum_r w_r l_r with
 // w_r = exp(m_r - max_r m_r). Empty rows give out = 0 and lse = -inf.
 Outputs combine_partials(const Plan& plan, const Partials& parts);
+void combine_partials(const Plan& plan, const Partials& parts, const OutputsView& out);
 
 // Wall times of the last run, split by phase (milliseconds). With KernelTiming::reps > 1 the
 // kernels ran that many times on the same buffers: forward_ms and combine_ms are the medians and
