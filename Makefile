@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export VK_ICD_FILENAMES ?= /usr/share/vulkan/icd.d/lvp_icd.x86_64.json
 export HL_VK_DEVICE_TYPE ?= cpu
 
-.PHONY: setup deps venv configure build demo test test-asan test-fuzz bench roofline gpu-carry clean
+.PHONY: setup deps venv configure build demo test test-asan test-fuzz bench roofline notebooks gpu-carry clean
 setup: deps venv
 
 deps: .stamps/apt
@@ -90,6 +90,11 @@ bench: build
 
 roofline: build
 	$(BUILD)/bin/kvouter roofline
+
+# The notebooks executed on the committed results and saved with their outputs (the test suite
+# runs them again on fixtures).
+notebooks: $(VENV)/.installed
+	MPLBACKEND=Agg $(PY) notebooks/refresh.py
 
 # The bundle carried to the lent GPU machine (experiments/gpu/h200_run.sh reads it): the portable
 # `gpu-carry` build, stripped and compressed (xz), with Halide's library (xz) and the GPU autoschedulers' plugins in

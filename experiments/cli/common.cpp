@@ -1,0 +1,161 @@
+// kvouter CLI: option parsing, help text, and the timed run shared by run and compare.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli/cli.h"
+#include "cli_util.h"
+#include "kvouter/aot.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "roofline.h"
+#include "schedules.h"
+#include "sweep.h"
+#include "tuner.h"
+
+namespace kvouter::cli {
+
+// The value after option a[i] (advancing i), or a usage error naming the option.
+std::string option_value(const std::vector<std::string>& a, size_t& i) {
+  if (i + 1 >= a.size()) throw UsageError(a[i] + ": expected a value");
+  return a[++i];
+}
+
+// --param KEY=VALUE into a knob map.
+void add_param(const std::string& kv, std::map<std::string, std::string>* params) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0) throw UsageError("--param: expected KEY=VALUE, got '" + kv + "'");
+  (*params)[kv.substr(0, eq)] = kv.substr(eq + 1);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+void print_backends(std::ostream& os) {
+  os << "backends (--backend), their schedules (--schedule) and targets (--target):\n";
+  for (const auto& b : BackendRegistry::instance().all()) {
+    os << "  " << b.name << (b.name == kx::default_backend() ? " (default)" : "") << ": " << b.description
+       << "\n      schedules: " << join(b.schedules()) << "\n      targets:   " << join(b.targets())
+       << "\n";
+  }
+}
+
+void main_help() {
+  std::cout << "usage: kvouter <command> [args]\n\n"
+               "commands:\n"
+               "  run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME] [--param K=V]...\n"
+               "               [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n"
+               "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
+               "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
+               "  compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N] [--warmup-ms MS]\n"
+               "          [--max-ratio R]   time the AOT kernel a case selects against the JIT compile of\n"
+               "      the same configuration, as run times them; exit 1 past R (default 1.15)\n"
+               "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
+               "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n"
+               "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
+               "         [--tuned]   AOT-generate one configuration (generic, or specialised to a case's\n"
+               "                     shape; --tuned takes the tuning database's winner for that case)\n"
+               "  sweep CONFIG.yaml [--shard K/N] [--out FILE] [--point ID] [--results DIR]\n"
+               "      run a grid of shapes x runs, checked and timed, one JSONL record per point\n"
+               "  sweep-merge OUT.jsonl IN.jsonl...   join sweep shards\n"
+               "  tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE] [--log FILE]\n"
+               "       [--warmup-ms MS]\n"
+               "      autotune the JIT schedules against the Eigen oracle (the CPU ones for host, the\n"
+               "      Vulkan ones for host-vulkan, whose candidates warm up 2000 ms by default); resumable;\n"
+               "      winners go to the database that `run` reads for its default choice\n\n";
+  print_backends(std::cout);
+}
+
+// `kvouter COMMAND --help` for the commands other than run (whose help lists the backends): the
+// command's lines of the main help.
+bool command_help(const std::string& cmd) {
+  static const std::map<std::string, std::string> help = {
+      {"demo", "usage: kvouter demo [--shape NAME]\n  run a named shape (SPEC section 5; default tiny) through "
+               "every backend, checked against the oracle, and print a table\n"},
+      {"compare", "usage: kvouter compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N]\n"
+                  "                       [--warmup-ms MS] [--max-ratio R]\n  time the AOT kernel the case "
+                  "selects against the JIT compile of the same configuration (its knobs and T), in one "
+                  "process and alternating rounds, timed as `kvouter run` times them; exit 1 when the slower "
+                  "takes more than R times the faster (default 1.15) or the outputs disagree\n"},
+      {"roofline", "usage: kvouter roofline\n  measure this machine's FP32 FMA peak and read bandwidth; prints "
+                   "one JSON line\n"},
+      {"make-case", "usage: kvouter make-case SHAPE DIR\n  write a SPEC section 5 shape (tiny, prefill, decode, "
+                    "gpu-prefill, gpu-decode) as a case folder\n"},
+      {"export", "usage: kvouter export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR]\n"
+                 "                      [--name N] [--tuned]\n  AOT-generate one configuration (generic, or "
+                 "specialised to a case's shape; --tuned takes the tuning database's winner for that case)\n"},
+      {"sweep", "usage: kvouter sweep CONFIG.yaml [--shard K/N] [--out FILE] [--point ID] [--results DIR]\n"
+                "  run a grid of shapes x runs, checked and timed, one JSONL record per point\n"},
+      {"sweep-merge", "usage: kvouter sweep-merge OUT.jsonl IN.jsonl...\n  join sweep shards\n"},
+      {"tune", "usage: kvouter tune --shape NAME [--target T] [--repeats N] [--max-candidates N] [--db FILE]\n"
+               "                    [--log FILE] [--warmup-ms MS]\n  autotune the JIT schedules against the "
+               "Eigen oracle (the CPU ones for host, the Vulkan ones for host-vulkan); resumable; winners go to "
+               "the database that `run` reads for its default choice\n"},
+  };
+  const auto it = help.find(cmd);
+  if (it == help.end()) return false;
+  std::cout << it->second;
+  return true;
+}
+
+void run_help() {
+  std::cout << "usage: kvouter run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME]\n"
+               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n\n"
+               "Reads q, k_pages, v_pages, selected, block_tables, cu_seqlens_q[, used_kv_lens] (.npy)\n"
+               "and case.json from CASE_DIR; writes out.npy and lse.npy into --out (default CASE_DIR).\n"
+               "Prints one summary line. Bad input: one line on stderr, nothing written, exit 2.\n"
+               "--repeat N runs N times and reports the median (compile time is never counted).\n"
+               "--warmup-ms MS (Halide backends): before each timed run, the kernels run untimed for MS\n"
+               "on the uploaded inputs. GPU figures need it: the H200's driver keeps a Vulkan-only load\n"
+               "at its idle clock until the GPU has been busy a while (docs/vulkan.md).\n";
+  std::cout << "--param KEY=VALUE sets a schedule knob (jit; aot takes T and variant):";
+  for (const auto& k : halide::knob_names()) std::cout << " " << k;
+  std::cout << " (README \"CLI\").\n\n";
+  print_backends(std::cout);
+}
+
+double warmup_ms_value(const std::string& v) {
+  size_t used = 0;
+  double ms = -1;
+  try { ms = std::stod(v, &used); } catch (...) { used = 0; }
+  if (used != v.size() || !(ms >= 0 && ms <= 600000)) {
+    throw UsageError("--warmup-ms: expected milliseconds in [0, 600000], got '" + v + "'");
+  }
+  return ms;
+}
+
+// The tuning database the default choice reads ($KVOUTER_TUNING_DB, else the repository's).
+std::string tuning_db_path() {
+  if (const char* p = std::getenv("KVOUTER_TUNING_DB")) return p;
+  return std::string(KVOUTER_SOURCE_DIR) + "/experiments/results/tuning_db.json";
+}
+
+std::string params_str(const std::map<std::string, std::string>& p) {
+  std::string s;
+  for (const auto& [k, v] : p) s += (s.empty() ? "" : ",") + k + "=" + v;
+  return s.empty() ? "-" : s;
+}
+
+TimedRun prepare_run(const BackendConfig& cfg, const InputsView& in, double warmup_ms) {
+  TimedRun r;
+  r.backend = BackendRegistry::instance().make(cfg);
+  r.plan = make_plan(in, r.backend->plan_options());
+  r.backend->set_kernel_timing({1, warmup_ms});
+  return r;
+}
+
+}  // namespace kvouter::cli

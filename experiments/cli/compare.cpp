@@ -1,0 +1,91 @@
+// kvouter compare: the AOT variant a case selects against the JIT compile of its configuration.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli/cli.h"
+#include "cli_util.h"
+#include "kvouter/aot.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "roofline.h"
+#include "schedules.h"
+#include "sweep.h"
+#include "tuner.h"
+
+namespace kvouter::cli {
+
+// The AOT kernel a plan selects and the JIT compile of the same configuration (schedule, knobs and
+// T of that variant), timed in this process the way `kvouter run` times them, in alternating
+// rounds. Exit 1 when the slower is more than --max-ratio times the faster, or when the two
+// disagree beyond SPEC's tolerance.
+int cmd_compare(const std::vector<std::string>& a) {
+  std::string case_dir, shape, schedule = kx::default_cpu_schedule(), target = "host";
+  int repeat = 5;
+  double warmup_ms = 0, max_ratio = 1.15;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&] { return option_value(a, i); };
+    if (a[i] == "--shape") shape = value();
+    else if (a[i] == "--schedule") schedule = value();
+    else if (a[i] == "--target") target = value();
+    else if (a[i] == "--warmup-ms") warmup_ms = warmup_ms_value(value());
+    else if (a[i] == "--repeat") {
+      const std::string v = value();
+      try { repeat = std::stoi(v); } catch (...) { repeat = 0; }
+      if (repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+    } else if (a[i] == "--max-ratio") {
+      const std::string v = value();
+      size_t used = 0;
+      try { max_ratio = std::stod(v, &used); } catch (...) { used = 0; }
+      if (used != v.size() || !(max_ratio >= 1)) throw UsageError("--max-ratio: expected a number >= 1, got '" + v + "'");
+    } else if (!a[i].empty() && a[i][0] == '-') {
+      throw UsageError("compare: unknown option '" + a[i] + "'");
+    } else if (case_dir.empty()) {
+      case_dir = a[i];
+    } else {
+      throw UsageError("compare: unexpected argument '" + a[i] + "'");
+    }
+  }
+  if (case_dir.empty() == shape.empty()) throw UsageError("compare: expected CASE_DIR or --shape NAME (one of them)");
+  const Inputs in = shape.empty() ? load_case(case_dir) : kx::make_case(kx::named_shape(shape));
+
+  TimedRun aot = prepare_run({"aot", schedule, {}, target}, in, warmup_ms);
+  const halide::AotVariant& v =
+      halide::aot_select(schedule, is_vulkan_target(target) ? "host-vulkan" : "host", aot.plan);
+  BackendConfig jit_cfg{"jit", schedule, {}, target};
+  std::stringstream knobs(v.knobs);
+  for (std::string kv; std::getline(knobs, kv, ',');) {
+    if (!kv.empty()) add_param(kv, &jit_cfg.params);
+  }
+  jit_cfg.params["T"] = std::to_string(aot.plan.tiles.T);
+  TimedRun jit = prepare_run(jit_cfg, in, warmup_ms);
+  jit.run_once(in);  // the compile, outside the rounds
+  jit.times.clear();
+  jit.compile_ms = 0;
+  for (int i = 0; i < repeat; ++i) {
+    aot.run_once(in);
+    jit.run_once(in);
+  }
+  aot.print_summary();
+  jit.print_summary();
+  const auto err = kx::compare_outputs(aot.out, jit.out);
+  const double ratio = std::max(aot.median(), jit.median()) / std::min(aot.median(), jit.median());
+  const bool ok = ratio <= max_ratio && err.ok();
+  std::printf("compare: variant=%s aot_ms=%.3f jit_ms=%.3f aot/jit=%.3f max_ratio=%.2f max_out_err=%.2e %s\n",
+              v.name.c_str(), aot.median(), jit.median(), aot.median() / jit.median(), max_ratio, err.max_out_err,
+              ok ? "ok" : (err.ok() ? "SLOWER" : "MISMATCH"));
+  return ok ? 0 : 1;
+}
+
+}  // namespace kvouter::cli

@@ -1,0 +1,106 @@
+// kvouter export: AOT-generate one configuration.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli/cli.h"
+#include "cli_util.h"
+#include "kvouter/aot.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "roofline.h"
+#include "schedules.h"
+#include "sweep.h"
+#include "tuner.h"
+
+namespace kvouter::cli {
+
+// AOT-generates one configuration (e.g. a tuned one) for a target: a static library, its header,
+// the .stmt and the schedule, through the same registered Generators the build uses.
+int cmd_export(const std::vector<std::string>& a) {
+  std::string schedule = kx::default_cpu_schedule(), target = "host", out, name, from_case;
+  bool tuned = false;
+  std::map<std::string, std::string> params;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&] { return option_value(a, i); };
+    if (a[i] == "--schedule") schedule = value();
+    else if (a[i] == "--target") target = value();
+    else if (a[i] == "--out") out = value();
+    else if (a[i] == "--name") name = value();
+    else if (a[i] == "--from-case") from_case = value();
+    else if (a[i] == "--tuned") tuned = true;
+    else if (a[i] == "--param") add_param(value(), &params);
+    else {
+      throw UsageError("export: unknown argument '" + a[i] + "'");
+    }
+  }
+  if (out.empty()) throw UsageError("export: expected --out DIR");
+  if (tuned) {
+    if (from_case.empty()) throw UsageError("export --tuned: expected --from-case DIR (whose shape class to look up)");
+    auto choice = kx::lookup_tuned(load_case(from_case), target, tuning_db_path());
+    if (!choice) throw BackendError("export --tuned: the tuning database " + tuning_db_path() + " has no entry for this case's shape class on this machine");
+    schedule = choice->schedule;
+    params = choice->knobs;
+  }
+  const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
+  if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");
+  auto knobs = halide::checked_knobs(params);
+  halide::Specialization spec;  // generic unless a case fixes the shape
+  if (!from_case.empty()) {
+    Inputs in = load_case(from_case);
+    const Plan plan = make_plan(in, {halide::tile_edges_of(knobs)});
+    spec = halide::Specialization::of(plan);
+    // Autoscheduled twins are generated for the case's real extents (as the JIT does).
+    if (!info->autoscheduler.empty()) spec = spec.with_extents(plan);
+  }
+  if (name.empty()) {
+    name = "kvouter_" + schedule + (spec.D ? "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) +
+                                                 "_b" + std::to_string(spec.block_size) + "_q" +
+                                                 std::to_string(spec.qhead) + "_t" + std::to_string(spec.T)
+                                           : std::string("_generic"));
+  }
+  std::filesystem::create_directories(out);
+  std::string autos;
+  if (!info->autoscheduler.empty()) {
+    std::string lower = info->autoscheduler;
+    for (auto& ch : lower) ch = static_cast<char>(std::tolower(ch));
+    autos = std::string(" -p ") + KVOUTER_HALIDE_LIBDIR + "/libautoschedule_" + lower + ".so autoscheduler=" +
+            info->autoscheduler + " autoscheduler.parallelism=" + std::to_string(std::thread::hardware_concurrency());
+    // Adams2019's default beam search exhausts memory on this pipeline (see jit.cpp).
+    if (info->autoscheduler == "Adams2019") autos += " autoscheduler.beam_size=1";
+  }
+  std::string est_fwd, est_comb;
+  if (spec.tq) {
+    const std::string common = " est_tq=" + std::to_string(spec.tq) + " est_hq=" + std::to_string(spec.hq) +
+                               " est_hkv=" + std::to_string(spec.hkv);
+    est_fwd = common + " est_pages=" + std::to_string(spec.pages) + " est_tiles=" + std::to_string(spec.tiles);
+    est_comb = common + " est_topk=" + std::to_string(spec.topk) + " est_partials=" + std::to_string(spec.tiles * spec.T);
+  }
+  auto gen = [&](const std::string& generator, const std::string& fn, const std::string& extra) {
+    const std::string cmd = std::string(KVOUTER_GENERATOR_PATH) + " -g " + generator + " -f " + fn + " -o " + out +
+                            " -e static_library,c_header,stmt,schedule target=" + target + " schedule=" + schedule +
+                            " D=" + std::to_string(spec.D) + " qhead=" + std::to_string(spec.qhead) + extra + autos;
+    std::printf("%s\n", cmd.c_str());
+    if (std::system(cmd.c_str()) != 0) throw BackendError("export: the generator failed for " + fn);
+  };
+  std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size);
+  for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
+  gen("kvouter_forward", name + "_fwd", fwd_extra + est_fwd);
+  gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);
+  std::printf("exported %s_fwd and %s_comb (static library, header, .stmt, schedule) to %s\n", name.c_str(),
+              name.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace kvouter::cli

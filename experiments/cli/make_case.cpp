@@ -1,0 +1,36 @@
+// kvouter make-case: a SPEC section 5 shape as a case folder.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli/cli.h"
+#include "cli_util.h"
+#include "kvouter/aot.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "roofline.h"
+#include "schedules.h"
+#include "sweep.h"
+#include "tuner.h"
+
+namespace kvouter::cli {
+
+int cmd_make_case(const std::vector<std::string>& args) {
+  if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
+  save_case(args[1], kx::make_case(kx::named_shape(args[0])));
+  std::printf("wrote %s to %s\n", args[0].c_str(), args[1].c_str());
+  return 0;
+}
+
+}  // namespace kvouter::cli

@@ -1,0 +1,88 @@
+// kvouter run CASE_DIR: one case folder through one backend (SPEC section 4).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../reference/dense_eigen.h"
+#include "case_gen.h"
+#include "cli/cli.h"
+#include "cli_util.h"
+#include "kvouter/aot.h"
+#include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "kvouter/halide_kernels.h"
+#include "kvouter/jit.h"
+#include "registry.h"
+#include "roofline.h"
+#include "schedules.h"
+#include "sweep.h"
+#include "tuner.h"
+
+namespace kvouter::cli {
+
+struct RunArgs {
+  std::string case_dir, out_dir;
+  BackendConfig cfg;
+  int repeat = 1;
+  double warmup_ms = 0;
+};
+
+RunArgs parse_run(const std::vector<std::string>& a) {
+  RunArgs r;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto value = [&] { return option_value(a, i); };
+    if (a[i] == "--out") r.out_dir = value();
+    else if (a[i] == "--backend") r.cfg.backend = value();
+    else if (a[i] == "--schedule") r.cfg.schedule = value();
+    else if (a[i] == "--target") r.cfg.target = value();
+    else if (a[i] == "--param") add_param(value(), &r.cfg.params);
+    else if (a[i] == "--repeat") {
+      const std::string v = value();
+      try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
+      if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+    } else if (a[i] == "--warmup-ms") {
+      r.warmup_ms = warmup_ms_value(value());
+    } else if (!a[i].empty() && a[i][0] == '-') {
+      throw UsageError("unknown option '" + a[i] + "' (see kvouter run --help)");
+    } else if (r.case_dir.empty()) {
+      r.case_dir = a[i];
+    } else {
+      throw UsageError("unexpected argument '" + a[i] + "'");
+    }
+  }
+  if (r.case_dir.empty()) throw UsageError("run: expected CASE_DIR (see kvouter run --help)");
+  if (r.out_dir.empty()) r.out_dir = r.case_dir;
+  return r;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  RunArgs ra = parse_run(args);
+  Inputs in = load_case(ra.case_dir);
+  if (ra.cfg.backend.empty()) {
+    // The default: the tuned winner for this shape class on this machine, else the default backend,
+    // on a GPU when one is present (kx::default_target).
+    ra.cfg.backend = kx::default_backend();
+    if (ra.cfg.target.empty() && ra.cfg.schedule.empty()) ra.cfg.target = kx::default_target();
+    if (ra.cfg.schedule.empty() && ra.cfg.params.empty()) {
+      validate(in);  // bad input is reported as such, before any look-up
+      if (auto tuned = kx::lookup_tuned(in, ra.cfg.target.empty() ? "host" : ra.cfg.target, tuning_db_path())) {
+        ra.cfg.backend = "jit";
+        ra.cfg.schedule = tuned->schedule;
+        ra.cfg.params = tuned->knobs;
+      }
+    }
+  }
+  TimedRun r = prepare_run(ra.cfg, in, ra.warmup_ms);
+  for (int i = 0; i < ra.repeat; ++i) r.run_once(in);
+  save_outputs(ra.out_dir, r.out);
+  r.print_summary();
+  return 0;
+}
+
+}  // namespace kvouter::cli
