@@ -105,5 +105,17 @@ TEST(Validate, DefaultScale) {
   EXPECT_FLOAT_EQ(validate(in).scale, 0.5f);
 }
 
+// fuzz_validate_plan (corpus crash_view_strides_overflow): a zero extent beside extents whose
+// product passes 2^63 made the view's stride computation overflow (UBSan). Such a view addresses
+// nothing: no element, row-major, no overflow.
+TEST(Validate, AZeroExtentBesideHugeOnesOverflowsNothing) {
+  TensorView<const float> v(nullptr, {int64_t{1} << 40, int64_t{1} << 31, 0});
+  EXPECT_EQ(v.numel(), 0);
+  EXPECT_TRUE(v.row_major());
+  TensorView<const float> w(nullptr, {0, int64_t{1} << 31, int64_t{1} << 40});
+  EXPECT_EQ(w.numel(), 0);
+  EXPECT_TRUE(w.row_major());
+}
+
 }  // namespace
 }  // namespace kvouter

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -57,26 +58,35 @@ struct TensorView {
   }
 
   int64_t dim(int i) const { return shape[static_cast<size_t>(i)]; }
+  // 0 when any extent is 0 (whatever the others); validate() bounds the product otherwise.
   int64_t numel() const {
     int64_t n = 1;
-    for (int i = 0; i < rank; ++i) n *= shape[static_cast<size_t>(i)];
+    for (int i = 0; i < rank; ++i) {
+      if (shape[static_cast<size_t>(i)] == 0) return 0;
+    }
+    for (int i = 0; i < rank; ++i) {
+      if (__builtin_mul_overflow(n, shape[static_cast<size_t>(i)], &n)) return -1;
+    }
     return n;
   }
   T* ptr() const { return data; }
   std::vector<int64_t> shape_vec() const { return {shape.begin(), shape.begin() + rank}; }
+  // Row-major strides: a view with no element is row-major whatever its strides say.
   bool row_major() const {
+    if (numel() == 0) return true;
     int64_t expect = 1;
     for (int i = rank - 1; i >= 0; --i) {
       if (shape[static_cast<size_t>(i)] != 1 && strides[static_cast<size_t>(i)] != expect) return false;
-      expect *= shape[static_cast<size_t>(i)];
+      if (__builtin_mul_overflow(expect, shape[static_cast<size_t>(i)], &expect)) return false;
     }
     return true;
   }
+  // Strides past 64 bits (possible only beside a zero extent, where nothing is addressed) saturate.
   void set_row_major_strides() {
     int64_t stride = 1;
     for (int i = rank - 1; i >= 0; --i) {
       strides[static_cast<size_t>(i)] = stride;
-      stride *= shape[static_cast<size_t>(i)];
+      if (__builtin_mul_overflow(stride, shape[static_cast<size_t>(i)], &stride)) stride = INT64_MAX;
     }
   }
 };
