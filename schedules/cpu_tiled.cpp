@@ -6,13 +6,10 @@
 //   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
 //     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
 //     accumulators stay in registers.
-// Shape chosen after the prototype: 64 positions x 4 rows per register tile with the D
-// reduction outermost. Measured: experiments/results/cpu_bench.json (run 1eb99d3) on a 2-core Xeon
-// (AVX-512, one 512-bit FMA port; peak measured in the run 112 GFLOP/s FP32, 23.5 GB/s), target
-// x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-avxvnni-f16c-fma-sse41
-// prefill AOT 161 ms = 78.5 GFLOP/s = 70 % of peak, 3.2x direct (JIT 169 ms, 67 %); the target
-// was >= 65 % and >= 3x. Decode (T = 1) 42.6 ms JIT = 27 % of the roofline bound (target 60 %):
-// the transposed K staging gathers 64 x 128 floats per unit for only 8 rows of work.
+// Measured 2026-12-01 (experiments/results/cpu_bench.json, run 543f69f; experiments/results/
+// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 189 ms, JIT 184 ms = 2.4x direct; decode
+// (T = 1) AOT 34.7 ms = 1.5x direct, bound by the K/V reads from DRAM
+// (experiments/results/cpu/2026-12-01/decode.md).
 #include "schedules.h"
 
 namespace kvouter::pipeline {
