@@ -111,9 +111,8 @@ class DirectBackend final : public Backend {
   // Timed as the Halide backends are: the partials and the outputs are allocated and initialised
   // before the clock starts; the forward and the combine are timed.
   Outputs run(const Plan& plan, const InputsView& in) override {
-    const Problem& p = plan.problem;
     Partials parts = Partials::empty(plan);
-    Outputs o{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+    Outputs o = outputs_for(plan.problem);
     const auto t0 = std::chrono::steady_clock::now();
     direct_forward(plan, in, &parts);
     const auto t1 = std::chrono::steady_clock::now();

@@ -14,6 +14,10 @@ OutputsView::OutputsView(Outputs& o)
                         o.out.shape.size() == 3 ? o.out.shape[2] : 0}),
       lse(o.lse.ptr(), {o.lse.shape.size() == 2 ? o.lse.shape[0] : 0, o.lse.shape.size() == 2 ? o.lse.shape[1] : 0}) {}
 
+Outputs outputs_for(const Problem& p) {
+  return {Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+}
+
 void check_outputs(const OutputsView& o, const Problem& p) {
   auto check = [](const char* field, const TensorView<float>& v, std::initializer_list<int64_t> want) {
     const TensorView<float> w(nullptr, want);
@@ -41,8 +45,7 @@ Partials Partials::empty(const Plan& plan) {
 }
 
 Outputs combine_partials(const Plan& plan, const Partials& parts) {
-  const Problem& p = plan.problem;
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  Outputs res = outputs_for(plan.problem);
   combine_partials(plan, parts, res);
   return res;
 }

@@ -294,8 +294,7 @@ int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return 
 
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,
                     const KernelTiming& kt) {
-  const Problem& p = plan.problem;
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  Outputs res = outputs_for(plan.problem);
   run_kernels(kernels, plan, in, res, timing, kt);
   return res;
 }

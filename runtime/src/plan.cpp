@@ -294,23 +294,13 @@ Plan make_plan(const InputsView& in, const PlanOptions& opt) {
   return planner.current();
 }
 
-const Plan& Planner::plan(const InputsView& in) {
-  const auto t0 = std::chrono::steady_clock::now();
-  validate(in, &plan_.problem, true);
-  build(in);
-  plan_.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return plan_;
-}
+const Plan& Planner::plan(const InputsView& in) { return build(in, true); }
 
-const Plan& Planner::plan_checked_tables(const InputsView& in) {
-  const auto t0 = std::chrono::steady_clock::now();
-  validate(in, &plan_.problem, false);
-  build(in);
-  plan_.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return plan_;
-}
+const Plan& Planner::plan_checked_tables(const InputsView& in) { return build(in, false); }
 
-const Plan& Planner::build(const InputsView& in) {
+const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
   const Problem& p = plan.problem;
   build_kvouter_index(in, p, ws_, &plan.index);
@@ -344,6 +334,7 @@ const Plan& Planner::build(const InputsView& in) {
     }
   }
   plan.attended_pairs = plan.index.attended_pairs;
+  plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
 }
 

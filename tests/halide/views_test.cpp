@@ -3,36 +3,13 @@
 // field; a run allocates nothing the size of the KV pool.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
 #include "case_gen.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/backend.h"
 #include "kvouter/errors.h"
+#include "allocation_counter.h"
 #include "registry.h"
-
-namespace kvouter {
-namespace {
-
-std::atomic<size_t> g_largest_allocation{0};
-
-}  // namespace
-}  // namespace kvouter
-
-// GCC cannot see that these replace the global pair together.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(size_t n) {
-  size_t seen = kvouter::g_largest_allocation.load(std::memory_order_relaxed);
-  while (n > seen && !kvouter::g_largest_allocation.compare_exchange_weak(seen, n)) {
-  }
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace kvouter {
 namespace {
@@ -133,9 +110,9 @@ TEST(Views, HalideBackendsCopyNoKvPool) {
     Planner planner(b->plan_options());
     const Plan& plan = planner.plan(e.view);
     b->run(plan, e.view);  // compiles (JIT), outside the measured run
-    g_largest_allocation = 0;
+    testing_alloc::largest = 0;
     b->run(plan, e.view);
-    EXPECT_LT(g_largest_allocation.load(), e.k.size() * sizeof(float) / 16);
+    EXPECT_LT(testing_alloc::largest.load(), e.k.size() * sizeof(float) / 16);
   }
 }
 

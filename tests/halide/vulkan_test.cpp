@@ -278,6 +278,13 @@ class VulkanTwinTest : public ::testing::TestWithParam<Param> {};
 // the test fails and asks for the entry to go.
 void expect_known_failure(const std::string& twin, const std::pair<std::string, experiments::CaseSpec>& kind,
                           const char* why) {
+  // A failure that is the validation layer's rejection can only be seen with the layer on (ctest
+  // turns it on; a run on a GPU machine may not have it).
+  const char* layers = std::getenv("HL_VK_LAYERS");
+  if (std::string(why).find("validation layer") != std::string::npos &&
+      (!layers || std::string(layers).find("VK_LAYER_KHRONOS_validation") == std::string::npos)) {
+    GTEST_SKIP() << "known failure seen only by the validation layer, which HL_VK_LAYERS does not enable: " << why;
+  }
   experiments::register_all_backends();
   const Inputs in = experiments::make_case(kind.second);
   std::string failure;

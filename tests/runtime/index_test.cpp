@@ -12,6 +12,7 @@
 #include "case_kinds.h"
 #include "kvouter/errors.h"
 #include "kvouter/plan.h"
+#include "allocation_counter.h"
 #include "kvouter/tile_layout.h"
 #include "runtime/index_reference.h"
 
@@ -236,25 +237,6 @@ TEST(Plan, FlopsCountAttendedTriples) {
 namespace kvouter {
 namespace {
 
-// Every allocation of this test binary is counted, so that a test can see whether a step allocates.
-std::atomic<int64_t> g_allocations{0};
-
-}  // namespace
-}  // namespace kvouter
-
-// GCC cannot see that these replace the global pair together.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(size_t n) {
-  kvouter::g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-
-namespace kvouter {
-namespace {
-
 // Variations of every case kind: padding, repeated ids, unallocated pages, shared pages, causal
 // and not, several seeds.
 std::vector<std::pair<std::string, experiments::CaseSpec>> varied_kinds() {
@@ -373,9 +355,9 @@ TEST(Planner, AStepOfTheSameSizeAllocatesNothing) {
   for (bool checked : {false, true}) {
     // A new selection of the same size (every id moved to another block): same array sizes.
     for (auto& id : in.selected.data) id = id > 0 ? id - 1 : id;
-    const int64_t before = g_allocations.load();
+    const int64_t before = testing_alloc::count.load();
     const Plan& plan = checked ? planner.plan_checked_tables(in) : planner.plan(in);
-    EXPECT_EQ(g_allocations.load() - before, 0) << (checked ? "plan_checked_tables" : "plan");
+    EXPECT_EQ(testing_alloc::count.load() - before, 0) << (checked ? "plan_checked_tables" : "plan");
     EXPECT_GT(plan.index.num_edges(), 0);
   }
 }

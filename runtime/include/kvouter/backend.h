@@ -27,6 +27,9 @@ struct OutputsView {
   OutputsView(Outputs& o);  // NOLINT: implicit, a view of owned outputs
 };
 
+// Owned outputs of the problem's shapes (zeros).
+Outputs outputs_for(const Problem& p);
+
 // InputError naming "out" or "lse" unless the views have the problem's shapes, row-major.
 void check_outputs(const OutputsView& out, const Problem& p);
 

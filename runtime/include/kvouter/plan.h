@@ -129,7 +129,7 @@ class Planner {
   const PlanOptions& options() const { return opt_; }
 
  private:
-  const Plan& build(const InputsView& in);
+  const Plan& build(const InputsView& in, bool check_block_tables);
   PlanOptions opt_;
   Plan plan_;
   PlanWorkspace ws_;
