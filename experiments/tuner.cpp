@@ -177,7 +177,8 @@ int run_tune(const TuneOptions& opt) {
     space = picked;
   }
 
-  // Resume: trials already in the log are not run again.
+  // Resume: trials already in the log, measured on this machine with this Halide, are not run
+  // again (a log carried from another machine is kept, but its trials count for nothing here).
   std::set<std::string> done;
   double best_ms = 1e300;
   json best;
@@ -193,6 +194,7 @@ int run_tune(const TuneOptions& opt) {
         continue;  // a line cut by a kill
       }
       if (r.value("shape_class", "") != shape.name || r.value("target", "") != opt.target) continue;
+      if (r.value("machine", "") != machine_fingerprint() || r.value("halide_version", "") != halide_version()) continue;
       done.insert(r.value("candidate", ""));
       trial = std::max(trial, r.value("trial", 0) + 1);
       if (r.value("status", "") == "ok" && r["median_ms"].get<double>() < best_ms) {

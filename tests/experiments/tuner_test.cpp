@@ -149,6 +149,23 @@ TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
   EXPECT_EQ(lines(), 3);
   ASSERT_EQ(run_tune(opt), 0);  // everything is in the log: nothing runs again
   EXPECT_EQ(lines(), 3);
+  {
+    // The same log as if carried from another machine: its trials count for nothing here, and
+    // all three run again.
+    std::ifstream in(opt.log);
+    std::vector<std::string> carried;
+    for (std::string l; std::getline(in, l);) {
+      if (l.empty()) continue;
+      auto r = nlohmann::json::parse(l);
+      r["machine"] = "another machine";
+      carried.push_back(r.dump());
+    }
+    in.close();
+    std::ofstream out(opt.log, std::ios::trunc);
+    for (const auto& l : carried) out << l << "\n";
+  }
+  ASSERT_EQ(run_tune(opt), 0);
+  EXPECT_EQ(lines(), 6);
   const auto choice = lookup_tuned(make_case(named_shape("tiny")), "host", opt.db);
   ASSERT_TRUE(choice.has_value());
   EXPECT_FALSE(choice->schedule.empty());
