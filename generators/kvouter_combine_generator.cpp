@@ -18,8 +18,8 @@ class KvouterCombine : public Generator<KvouterCombine> {
   GeneratorParam<std::string> schedule{"schedule", "cpu_tiled"};
   GeneratorParam<int> head_dim{"D", 0};
   GeneratorParam<int> qhead{"qhead", 0};
-  GeneratorParam<int> vec{"vec", 16};
-  GeneratorParam<int> grain{"grain", 1};
+  GeneratorParam<int> vec{"vec", knob_defaults::vec};
+  GeneratorParam<int> grain{"grain", knob_defaults::grain};
   // Estimates for the autoschedulers (see kvouter_forward).
   GeneratorParam<int> est_tq{"est_tq", 2048};
   GeneratorParam<int> est_hq{"est_hq", 16};

@@ -24,12 +24,12 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> qhead{"qhead", 0};
   GeneratorParam<int> tile_edge_count{"T", 0};
   // Schedule knobs (see Knobs).
-  GeneratorParam<int> chunk{"chunk", 64};
-  GeneratorParam<int> vec{"vec", 16};
-  GeneratorParam<int> rows{"rows", 4};
-  GeneratorParam<int> unroll{"unroll", 4};
-  GeneratorParam<int> grain{"grain", 1};
-  GeneratorParam<int> slice{"slice", 0};
+  GeneratorParam<int> chunk{"chunk", knob_defaults::chunk};
+  GeneratorParam<int> vec{"vec", knob_defaults::vec};
+  GeneratorParam<int> rows{"rows", knob_defaults::rows};
+  GeneratorParam<int> unroll{"unroll", knob_defaults::unroll};
+  GeneratorParam<int> grain{"grain", knob_defaults::grain};
+  GeneratorParam<int> slice{"slice", knob_defaults::slice};
   // Estimates for the autoschedulers (default: the prefill shape). Autoscheduled twins are
   // compiled with the real extents, so their splits never exceed an output's extent.
   GeneratorParam<int> est_tq{"est_tq", 2048};

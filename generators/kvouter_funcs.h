@@ -4,20 +4,22 @@
 
 #include <Halide.h>
 
+#include "kvouter/knobs.h"
+
 #include <map>
 #include <string>
 
 namespace kvouter::pipeline {
 
-// Knobs every schedule may read (GeneratorParams of the same names). A schedule ignores the ones
-// that mean nothing to it.
+// Knobs every schedule may read (GeneratorParams of the same names; meanings and defaults in
+// kvouter/knobs.h). A schedule ignores the ones that mean nothing to it.
 struct Knobs {
-  int chunk = 64;   // positions per chunk (the block is processed chunk by chunk)
-  int vec = 16;     // vector width in floats
-  int rows = 4;     // register-tile rows (edge x head-lane rows per inner tile)
-  int unroll = 4;   // vectors per register-tile row (positions or D)
-  int grain = 1;    // tiles per parallel task
-  int slice = 0;    // channels of K staged per step (vulkan_onepass; 0 = the schedule's choice)
+  int chunk = knob_defaults::chunk;
+  int vec = knob_defaults::vec;
+  int rows = knob_defaults::rows;
+  int unroll = knob_defaults::unroll;
+  int grain = knob_defaults::grain;
+  int slice = knob_defaults::slice;
 };
 
 // kvouter_forward: per tile, per chunk c of the block

@@ -76,9 +76,10 @@ int cmd_export(const std::vector<std::string>& a) {
     std::string lower = info->autoscheduler;
     for (auto& ch : lower) ch = static_cast<char>(std::tolower(ch));
     autos = std::string(" -p ") + KVOUTER_HALIDE_LIBDIR + "/libautoschedule_" + lower + ".so autoscheduler=" +
-            info->autoscheduler + " autoscheduler.parallelism=" + std::to_string(std::thread::hardware_concurrency());
-    // Adams2019's default beam search exhausts memory on this pipeline (see jit.cpp).
-    if (info->autoscheduler == "Adams2019") autos += " autoscheduler.beam_size=1";
+            info->autoscheduler;
+    for (const auto& [k, v] : halide::autoscheduler_params(info->autoscheduler, is_vulkan_target(target) || is_cuda_target(target))) {
+      autos += " autoscheduler." + k + "=" + v;
+    }
   }
   std::string est_fwd, est_comb;
   if (spec.tq) {

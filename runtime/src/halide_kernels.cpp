@@ -1,5 +1,7 @@
 #include "kvouter/halide_kernels.h"
 
+#include "kvouter/knobs.h"
+
 #include <HalideBuffer.h>
 
 #include <algorithm>
@@ -264,8 +266,11 @@ const std::vector<std::string>& knob_names() {
 }
 
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
-  std::map<std::string, std::string> k = {{"T", "0"}, {"chunk", "64"}, {"vec", "16"}, {"rows", "4"},
-                                          {"unroll", "4"}, {"grain", "1"}, {"slice", "0"}};
+  namespace kd = knob_defaults;
+  std::map<std::string, std::string> k = {{"T", std::to_string(kd::T)},         {"chunk", std::to_string(kd::chunk)},
+                                          {"vec", std::to_string(kd::vec)},     {"rows", std::to_string(kd::rows)},
+                                          {"unroll", std::to_string(kd::unroll)}, {"grain", std::to_string(kd::grain)},
+                                          {"slice", std::to_string(kd::slice)}};
   for (const auto& [name, value] : params) {
     if (!k.count(name)) {
       std::string known;

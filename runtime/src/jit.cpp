@@ -81,16 +81,7 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
                                    const Halide::GeneratorParamsMap& gp, const std::string& autoscheduler) {
   if (autoscheduler.empty()) return Halide::create_callable_from_generator(t, gen, gp);
   load_autoscheduler(autoscheduler);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::map<std::string, std::string> extra = {{"parallelism", std::to_string(cores)}};
-  // Adams2019's default beam search (beam 32) over this pipeline exhausted 8 GB in 45 s on the
-  // 2-core CI machine; a greedy pass (beam 1) is what the twin uses.
-  if (autoscheduler == "Adams2019") extra["beam_size"] = "1";
-  if (t.has_gpu_feature()) {
-    if (autoscheduler == "Mullapudi2016") extra["experimental_gpu_schedule"] = "1";
-    if (autoscheduler == "Anderson2021") extra = {{"parallelism", "132"}, {"beam_size", "1"}};  // H200: 132 SMs
-  }
-  Halide::AutoschedulerParams asp(autoscheduler, extra);
+  Halide::AutoschedulerParams asp(autoscheduler, autoscheduler_params(autoscheduler, t.has_gpu_feature()));
   auto g = Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
   g->set_generatorparam_values(gp);
   Halide::Pipeline p = g->build_pipeline();
@@ -221,6 +212,17 @@ class JitBackend final : public Backend {
 
 std::string JitRequest::key() const {
   return schedule + "|" + autoscheduler + "|" + join_knobs(knobs) + "|" + target + "|" + spec.str();
+}
+
+std::map<std::string, std::string> autoscheduler_params(const std::string& autoscheduler, bool gpu_target) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::map<std::string, std::string> extra = {{"parallelism", std::to_string(cores)}};
+  if (autoscheduler == "Adams2019") extra["beam_size"] = "1";
+  if (gpu_target) {
+    if (autoscheduler == "Mullapudi2016") extra["experimental_gpu_schedule"] = "1";
+    if (autoscheduler == "Anderson2021") extra = {{"parallelism", "132"}, {"beam_size", "1"}};
+  }
+  return extra;
 }
 
 std::string resolve_target(const std::string& target) { return to_target(target).to_string(); }
