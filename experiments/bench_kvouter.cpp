@@ -132,20 +132,25 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   if (it != direct_seconds().end()) state.counters["x_direct"] = it->second / secs;
 }
 
+// A comma-separated list from the environment (an empty value: none), else the defaults.
+std::vector<std::string> env_list(const char* name, std::vector<std::string> defaults) {
+  const char* v = std::getenv(name);
+  if (!v) return defaults;
+  std::vector<std::string> out;
+  const std::string all = v;
+  for (size_t pos = 0; pos < all.size();) {
+    const size_t next = std::min(all.find(',', pos), all.size());
+    out.push_back(all.substr(pos, next - pos));
+    pos = next + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   kx::register_all_backends();
-  std::vector<std::string> shapes = {"tiny", "prefill", "decode"};
-  if (const char* s = std::getenv("KVOUTER_BENCH_SHAPES")) {
-    shapes.clear();
-    std::string all = s;
-    for (size_t pos = 0; pos != std::string::npos;) {
-      const size_t next = all.find(',', pos);
-      shapes.push_back(all.substr(pos, next == std::string::npos ? next : next - pos));
-      pos = next == std::string::npos ? next : next + 1;
-    }
-  }
+  const std::vector<std::string> shapes = env_list("KVOUTER_BENCH_SHAPES", {"tiny", "prefill", "decode"});
   // How to reproduce every row: revision, Halide version, target, and the command.
   benchmark::AddCustomContext("git_rev", kx::git_revision());
   benchmark::AddCustomContext("halide_version", kx::halide_version());
@@ -156,16 +161,7 @@ int main(int argc, char** argv) {
                                        "KVOUTER_BENCH_PLAN_SHAPES=decode,gpu-decode)");
   benchmark::AddCustomContext("fp32_peak_gflops", std::to_string(roofline().fma_gflops));
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
-  std::vector<std::string> plan_shapes = {"decode", "gpu-decode"};
-  if (const char* s = std::getenv("KVOUTER_BENCH_PLAN_SHAPES")) {
-    plan_shapes.clear();
-    std::string all = s;
-    for (size_t pos = 0; pos != std::string::npos && !all.empty();) {
-      const size_t next = all.find(',', pos);
-      plan_shapes.push_back(all.substr(pos, next == std::string::npos ? next : next - pos));
-      pos = next == std::string::npos ? next : next + 1;
-    }
-  }
+  const std::vector<std::string> plan_shapes = env_list("KVOUTER_BENCH_PLAN_SHAPES", {"decode", "gpu-decode"});
   for (const auto& shape : plan_shapes) {
     for (bool checked : {false, true}) {
       benchmark::RegisterBenchmark(((checked ? "plan_checked_tables/" : "plan/") + shape).c_str(), run_plan, shape, checked)

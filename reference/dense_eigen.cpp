@@ -28,7 +28,7 @@ std::vector<uint8_t> attended_mask(const InputsView& in, const Problem& p, int64
 template <class Scalar>
 Outputs dense_attention(const InputsView& in, const Problem& p) {
   using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Outputs res{Tensor<float>({p.Tq, p.Hq, p.D}), Tensor<float>({p.Tq, p.Hq})};
+  Outputs res = outputs_for(p);
   const Scalar ninf = -std::numeric_limits<Scalar>::infinity();
   const int64_t work = p.B * p.Hkv;
 #pragma omp parallel for schedule(dynamic)

@@ -35,6 +35,7 @@ void main_help();
 bool command_help(const std::string& cmd);
 void run_help();
 double warmup_ms_value(const std::string& v);
+int repeat_value(const std::string& v);
 std::string tuning_db_path();
 std::string params_str(const std::map<std::string, std::string>& p);
 

@@ -9,20 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "../../reference/dense_eigen.h"
-#include "case_gen.h"
 #include "cli/cli.h"
-#include "cli_util.h"
-#include "kvouter/aot.h"
-#include "kvouter/case_io.h"
-#include "kvouter/errors.h"
-#include "kvouter/halide_kernels.h"
 #include "kvouter/jit.h"
 #include "registry.h"
-#include "roofline.h"
-#include "schedules.h"
-#include "sweep.h"
-#include "tuner.h"
 
 namespace kvouter::cli {
 
@@ -136,6 +125,13 @@ double warmup_ms_value(const std::string& v) {
     throw UsageError("--warmup-ms: expected milliseconds in [0, 600000], got '" + v + "'");
   }
   return ms;
+}
+
+int repeat_value(const std::string& v) {
+  int n = 0;
+  try { n = std::stoi(v); } catch (...) { n = 0; }
+  if (n < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
+  return n;
 }
 
 // The tuning database the default choice reads ($KVOUTER_TUNING_DB, else the repository's).

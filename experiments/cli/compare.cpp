@@ -9,20 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "../../reference/dense_eigen.h"
 #include "case_gen.h"
 #include "cli/cli.h"
 #include "cli_util.h"
 #include "kvouter/aot.h"
 #include "kvouter/case_io.h"
-#include "kvouter/errors.h"
-#include "kvouter/halide_kernels.h"
-#include "kvouter/jit.h"
 #include "registry.h"
-#include "roofline.h"
-#include "schedules.h"
-#include "sweep.h"
-#include "tuner.h"
 
 namespace kvouter::cli {
 
@@ -40,11 +32,8 @@ int cmd_compare(const std::vector<std::string>& a) {
     else if (a[i] == "--schedule") schedule = value();
     else if (a[i] == "--target") target = value();
     else if (a[i] == "--warmup-ms") warmup_ms = warmup_ms_value(value());
-    else if (a[i] == "--repeat") {
-      const std::string v = value();
-      try { repeat = std::stoi(v); } catch (...) { repeat = 0; }
-      if (repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
-    } else if (a[i] == "--max-ratio") {
+    else if (a[i] == "--repeat") repeat = repeat_value(value());
+    else if (a[i] == "--max-ratio") {
       const std::string v = value();
       size_t used = 0;
       try { max_ratio = std::stod(v, &used); } catch (...) { used = 0; }

@@ -13,16 +13,9 @@
 #include "case_gen.h"
 #include "cli/cli.h"
 #include "cli_util.h"
-#include "kvouter/aot.h"
-#include "kvouter/case_io.h"
 #include "kvouter/errors.h"
-#include "kvouter/halide_kernels.h"
 #include "kvouter/jit.h"
-#include "registry.h"
-#include "roofline.h"
 #include "schedules.h"
-#include "sweep.h"
-#include "tuner.h"
 
 namespace kvouter::cli {
 

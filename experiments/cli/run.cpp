@@ -9,19 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "../../reference/dense_eigen.h"
-#include "case_gen.h"
 #include "cli/cli.h"
-#include "cli_util.h"
-#include "kvouter/aot.h"
 #include "kvouter/case_io.h"
-#include "kvouter/errors.h"
-#include "kvouter/halide_kernels.h"
-#include "kvouter/jit.h"
 #include "registry.h"
-#include "roofline.h"
-#include "schedules.h"
-#include "sweep.h"
 #include "tuner.h"
 
 namespace kvouter::cli {
@@ -42,11 +32,8 @@ RunArgs parse_run(const std::vector<std::string>& a) {
     else if (a[i] == "--schedule") r.cfg.schedule = value();
     else if (a[i] == "--target") r.cfg.target = value();
     else if (a[i] == "--param") add_param(value(), &r.cfg.params);
-    else if (a[i] == "--repeat") {
-      const std::string v = value();
-      try { r.repeat = std::stoi(v); } catch (...) { r.repeat = 0; }
-      if (r.repeat < 1) throw UsageError("--repeat: expected a positive integer, got '" + v + "'");
-    } else if (a[i] == "--warmup-ms") {
+    else if (a[i] == "--repeat") r.repeat = repeat_value(value());
+    else if (a[i] == "--warmup-ms") {
       r.warmup_ms = warmup_ms_value(value());
     } else if (!a[i].empty() && a[i][0] == '-') {
       throw UsageError("unknown option '" + a[i] + "' (see kvouter run --help)");

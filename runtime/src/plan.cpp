@@ -179,15 +179,15 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   ix.attended_pairs = attended;
 }
 
-TileSet build_tiles(const InputsView& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch) {
+TileSet build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch) {
   PlanWorkspace ws;
   TileSet ts;
-  build_tiles(in, p, ix, T, query_batch, ws, &ts);
+  build_tiles(p, ix, T, query_batch, ws, &ts);
   return ts;
 }
 
-void build_tiles(const InputsView& in, const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch,
-                 PlanWorkspace& ws, TileSet* out) {
+void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_batch, PlanWorkspace& ws,
+                 TileSet* out) {
   if (T <= 0) throw InputError("tile_edges (T)", "a positive number of edges per tile", std::to_string(T));
   TileSet& ts = *out;
   ts.T = T;
@@ -237,17 +237,6 @@ void build_tiles(const InputsView& in, const Problem& p, const KvIndex& ix, int6
   for (int64_t bt = 0; bt < batches; ++bt) {
     for (int64_t u = 0; u < ix.num_units(); ++u) {
       const int32_t* unit_pages = &ix.unit_pages[static_cast<size_t>(u * p.ppb)];
-      if (batches == 1 && T == 1) {  // decode: a tile per edge, no loop over slots
-        for (int64_t e = ix.unit_edge_begin[u]; e < ix.unit_edge_begin[u + 1]; ++e, ++tile) {
-          ts.tile_head[tile] = ix.unit_head[u];
-          ts.tile_unit[tile] = static_cast<int32_t>(u);
-          for (int64_t j = 0; j < p.ppb; ++j) ts.tile_pages[tile * p.ppb + j] = unit_pages[j];
-          ts.tile_query[tile] = ix.edge_query[e];
-          ts.tile_limit[tile] = ix.edge_limit[e];
-          edge_partial[e] = static_cast<int32_t>(tile);
-        }
-        continue;
-      }
       int64_t e_end = cursor[u];
       if (batches == 1) {
         e_end = ix.unit_edge_begin[u + 1];
@@ -305,7 +294,7 @@ const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
   const Problem& p = plan.problem;
   build_kvouter_index(in, p, ws_, &plan.index);
   const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
-  build_tiles(in, p, plan.index, T, 0, ws_, &plan.tiles);
+  build_tiles(p, plan.index, T, 0, ws_, &plan.tiles);
   if (opt_.max_batch_partial_floats > 0) {
     // Query batches whose partials each fit the limit: start from the even split, halve the
     // batch until every batch fits (tiles cut at batch boundaries add padding rows). A tile's
@@ -323,7 +312,7 @@ const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
       const double total = static_cast<double>(plan.tiles.num_tiles) * static_cast<double>(tile_floats);
       int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt_.max_batch_partial_floats) / total));
       for (;;) {
-        build_tiles(in, p, plan.index, T, Q, ws_, &plan.tiles);
+        build_tiles(p, plan.index, T, Q, ws_, &plan.tiles);
         if (fits(plan.tiles)) break;
         if (Q == 1) {
           throw BackendError("plan: the partials of one query exceed the device's buffer limit of " +

@@ -131,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const KvIndex ix = build_kvouter_index(in, p);
   const int64_t attended = fuzz::check_index(in, p, ix);
   for (int64_t T : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{16}, auto_tile_edges(ix)}) {
-    fuzz::check_tiles(in, p, ix, build_tiles(in, p, ix, T), T);
+    fuzz::check_tiles(in, p, ix, build_tiles(p, ix, T), T);
   }
   const int64_t T = fdp.ConsumeIntegralInRange<int64_t>(0, 5);
   const Plan plan = make_plan(in, {T});

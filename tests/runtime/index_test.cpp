@@ -152,7 +152,7 @@ TEST(Tiles, CoverEveryEdgeOnceWithPadding) {
     const KvIndex ix = build_kvouter_index(in, p);
     for (int64_t T : {1, 3, 16}) {
       SCOPED_TRACE(name + " T=" + std::to_string(T));
-      const TileSet ts = build_tiles(in, p, ix, T);
+      const TileSet ts = build_tiles(p, ix, T);
       int64_t real = 0;
       for (int64_t s = 0; s < ts.num_partials(); ++s) {
         if (ts.tile_query[s] == layout::kNoQuery) {
@@ -181,11 +181,11 @@ TEST(Tiles, QueryBatchesKeepTheirPartialsApart) {
     Inputs in = experiments::make_case(spec);
     const Problem p = validate(in);
     const KvIndex ix = build_kvouter_index(in, p);
-    const TileSet whole = build_tiles(in, p, ix, 4);
+    const TileSet whole = build_tiles(p, ix, 4);
     ASSERT_EQ(whole.batch_tile_begin, (std::vector<int64_t>{0, whole.num_tiles}));
     for (int64_t Q : {1, 3, 7}) {
       SCOPED_TRACE(name + " Q=" + std::to_string(Q));
-      const TileSet ts = build_tiles(in, p, ix, 4, Q);
+      const TileSet ts = build_tiles(p, ix, 4, Q);
       ASSERT_EQ(ts.query_batch, Q);
       ASSERT_EQ(ts.batch_tile_begin.front(), 0);
       ASSERT_EQ(ts.batch_tile_begin.back(), ts.num_tiles);

@@ -76,9 +76,10 @@ struct TileSet {
   int64_t num_partials() const { return num_tiles * T; }
 };
 
-TileSet build_tiles(const InputsView& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
-void build_tiles(const InputsView& in, const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch,
-                 PlanWorkspace& ws, TileSet* ts);
+// From the index alone (each unit's pages are in KvIndex::unit_pages).
+TileSet build_tiles(const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
+void build_tiles(const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch, PlanWorkspace& ws,
+                 TileSet* ts);
 
 struct PlanOptions {
   // T, edges per tile. 0 = automatic: the next power of two of the mean edges per work unit,
