@@ -17,6 +17,9 @@ using namespace Halide;
 class KvouterForward : public Generator<KvouterForward> {
  public:
   GeneratorParam<std::string> schedule{"schedule", "cpu_tiled"};
+  // The storage dtype of q, k_pages and v_pages (SPEC section 1): float32, float16, or bfloat16
+  // (its bits, uint16). Values are widened to float32 on load; everything after is float32.
+  GeneratorParam<std::string> storage{"storage", "float32"};
   // Shape specialisation; 0 = taken from the buffers at run time (the generic variant).
   GeneratorParam<int> head_dim{"D", 0};
   GeneratorParam<int> page_size{"page_size", 0};
@@ -38,15 +41,36 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> est_pages{"est_pages", 256};
   GeneratorParam<int> est_tiles{"est_tiles", 3200};
 
-  Input<Buffer<float, 3>> q{"q"};              // (d, j, t)
-  Input<Buffer<float, 4>> k_pages{"k_pages"};  // (d, slot, h, page)
-  Input<Buffer<float, 4>> v_pages{"v_pages"};
+  Input<Buffer<void, 3>> q{"q"};              // (d, j, t), of the storage type
+  Input<Buffer<void, 4>> k_pages{"k_pages"};  // (d, slot, h, page)
+  Input<Buffer<void, 4>> v_pages{"v_pages"};
   Input<Buffer<int32_t, 1>> tile_head{"tile_head"};    // (tile)
   Input<Buffer<int32_t, 2>> tile_pages{"tile_pages"};  // (page in block, tile)
   Input<Buffer<int32_t, 2>> tile_query{"tile_query"};  // (edge, tile)
   Input<Buffer<int32_t, 2>> tile_limit{"tile_limit"};  // (edge, tile)
   Input<float> scale{"scale"};
   Output<Buffer<float, 3>> partials{"partials"};       // (ch, row, tile), row = edge * qhead + lane
+
+  Type storage_type() const {
+    const std::string s = storage;
+    if (s == "float32") return Float(32);
+    if (s == "float16") return Float(16);
+    if (s == "bfloat16") return UInt(16);  // the bits: widened by a shift, on every target
+    throw CompileError("kvouter_forward: storage '" + s + "': expected float32, float16 or bfloat16");
+  }
+
+  void configure() {
+    const Type t = storage_type();
+    q.set_type(t);
+    k_pages.set_type(t);
+    v_pages.set_type(t);
+  }
+
+  // A stored value, exactly, as float32.
+  Expr widen(Expr x) const {
+    if (std::string(storage) == "bfloat16") return reinterpret(Float(32), cast(UInt(32), x) << 16);
+    return cast(Float(32), x);
+  }
 
   void generate() {
     ForwardFuncs f;
@@ -77,12 +101,12 @@ class KvouterForward : public Generator<KvouterForward> {
     Expr h = clamp(tile_head(tile), 0, Hkv - 1);
     Expr edge = row / QH, lane = row % QH;
     Expr query = clamp(tile_query(clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
-    f.qf(d, row, tile) = q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query) * scale;
+    f.qf(d, row, tile) = widen(q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query)) * scale;
     Expr pos = c * C + p;
     Expr page = tile_pages(clamp(pos / PS, 0, PPB - 1), tile);
     Expr phys = clamp(page, 0, k_pages.dim(3).extent() - 1);
-    f.kf(d, p, c, tile) = k_pages(d, pos % PS, h, phys);
-    f.vf(d, p, c, tile) = v_pages(d, pos % PS, h, phys);
+    f.kf(d, p, c, tile) = widen(k_pages(d, pos % PS, h, phys));
+    f.vf(d, p, c, tile) = widen(v_pages(d, pos % PS, h, phys));
     // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
     // the block, on an allocated page.
     Expr attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;

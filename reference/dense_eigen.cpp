@@ -30,22 +30,29 @@ Outputs dense_attention(const InputsView& in, const Problem& p) {
   using Mat = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Outputs res = outputs_for(p);
   const Scalar ninf = -std::numeric_limits<Scalar>::infinity();
-  const int64_t work = p.B * p.Hkv;
+  const int64_t work = p.B * p.Hkv, esize = dtype_bytes(p.dtype);
+  const auto* kbytes = static_cast<const uint8_t*>(in.k_pages.data);
+  const auto* vbytes = static_cast<const uint8_t*>(in.v_pages.data);
+  const auto* qbytes = static_cast<const uint8_t*>(in.q.data);
 #pragma omp parallel for schedule(dynamic)
   for (int64_t w = 0; w < work; ++w) {
     const int64_t b = w / p.Hkv, h = w % p.Hkv;
     const int64_t L = p.kv_len[static_cast<size_t>(b)], t0 = p.cu[static_cast<size_t>(b)],
                   qo = p.qo_len(b);
     if (qo == 0) continue;
-    // Gather this sequence's K and V of head h; unallocated pages stay zero (and are masked).
+    // Gather this sequence's K and V of head h, widened from their storage dtype; unallocated
+    // pages stay zero (and are masked).
+    std::vector<float> krow(static_cast<size_t>(p.D)), vrow(static_cast<size_t>(p.D));
     Mat K = Mat::Zero(L, p.D), V = Mat::Zero(L, p.D);
     for (int64_t pos = 0; pos < L; ++pos) {
       const int32_t page = in.block_tables.data[static_cast<size_t>(b * p.max_pages + pos / p.page_size)];
       if (page < 0) continue;
-      const size_t off = static_cast<size_t>(((page * p.Hkv + h) * p.page_size + pos % p.page_size) * p.D);
+      const int64_t off = ((page * p.Hkv + h) * p.page_size + pos % p.page_size) * p.D;
+      widen(p.dtype, kbytes + off * esize, p.D, krow.data());
+      widen(p.dtype, vbytes + off * esize, p.D, vrow.data());
       for (int64_t d = 0; d < p.D; ++d) {
-        K(pos, d) = in.k_pages.data[off + d];
-        V(pos, d) = in.v_pages.data[off + d];
+        K(pos, d) = krow[static_cast<size_t>(d)];
+        V(pos, d) = vrow[static_cast<size_t>(d)];
       }
     }
     std::vector<std::vector<uint8_t>> masks;
@@ -54,7 +61,8 @@ Outputs dense_attention(const InputsView& in, const Problem& p) {
       const int64_t j = h * p.qhead + lane;
       Mat Q(qo, p.D);
       for (int64_t i = 0; i < qo; ++i) {
-        for (int64_t d = 0; d < p.D; ++d) Q(i, d) = in.q.data[static_cast<size_t>(((t0 + i) * p.Hq + j) * p.D + d)];
+        widen(p.dtype, qbytes + (((t0 + i) * p.Hq + j) * p.D) * esize, p.D, krow.data());
+        for (int64_t d = 0; d < p.D; ++d) Q(i, d) = krow[static_cast<size_t>(d)];
       }
       Mat S = (Q * K.transpose()) * static_cast<Scalar>(p.scale);
       for (int64_t i = 0; i < qo; ++i) {

@@ -54,11 +54,15 @@ void direct_forward(const Plan& plan, const InputsView& in, Partials* out) {
   const KvIndex& ix = plan.index;
   Partials& parts = *out;
   const int64_t C = p.D + layout::kPartialExtra;
-  const int64_t bs = p.block_size, D = p.D;
+  const int64_t bs = p.block_size, D = p.D, esize = dtype_bytes(p.dtype);
+  const auto* kbytes = static_cast<const uint8_t*>(in.k_pages.data);
+  const auto* vbytes = static_cast<const uint8_t*>(in.v_pages.data);
+  const auto* qbytes = static_cast<const uint8_t*>(in.q.data);
 #pragma omp parallel
   {
     std::vector<float> kblk(static_cast<size_t>(bs * D)), vblk(static_cast<size_t>(bs * D));
     std::vector<uint8_t> valid(static_cast<size_t>(bs));
+    std::vector<float> qrow(static_cast<size_t>(D));
 #pragma omp for schedule(dynamic)
     for (int64_t u = 0; u < ix.num_units(); ++u) {
       const int64_t h = ix.unit_head[u], b = ix.unit_batch[u], blk = ix.unit_block[u];
@@ -69,15 +73,20 @@ void direct_forward(const Plan& plan, const InputsView& in, Partials* out) {
         const int32_t page = abs_pos < L ? in.block_tables.data[static_cast<size_t>(b * p.max_pages + abs_pos / p.page_size)] : -1;
         valid[pos] = page >= 0;
         if (!valid[pos]) continue;
-        const size_t off = static_cast<size_t>(((page * p.Hkv + h) * p.page_size + abs_pos % p.page_size) * D);
-        std::memcpy(&kblk[pos * D], &in.k_pages.data[off], D * sizeof(float));
-        std::memcpy(&vblk[pos * D], &in.v_pages.data[off], D * sizeof(float));
+        const int64_t off = ((page * p.Hkv + h) * p.page_size + abs_pos % p.page_size) * D * esize;
+        widen(p.dtype, kbytes + off, D, &kblk[pos * D]);
+        widen(p.dtype, vbytes + off, D, &vblk[pos * D]);
       }
       for (int64_t e = ix.unit_edge_begin[u]; e < ix.unit_edge_begin[u + 1]; ++e) {
         const int64_t t = ix.edge_query[e], limit = ix.edge_limit[e];
         const int64_t part = plan.tiles.edge_partial[e];
         for (int64_t lane = 0; lane < p.qhead; ++lane) {
-          const float* q = &in.q.data[static_cast<size_t>((t * p.Hq + h * p.qhead + lane) * D)];
+          const int64_t qoff = (t * p.Hq + h * p.qhead + lane) * D;
+          const float* q = in.q.f32() + qoff;
+          if (p.dtype != Dtype::kFloat32) {  // 16-bit storage: the row widened once
+            widen(p.dtype, qbytes + qoff * esize, D, qrow.data());
+            q = qrow.data();
+          }
           float* o = &parts.rows.data[static_cast<size_t>((part * p.qhead + lane) * C)];
           float m = layout::kMaskedScore, l = 0;
           for (int64_t pos = 0; pos < limit; ++pos) {

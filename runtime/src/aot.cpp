@@ -20,7 +20,7 @@ std::vector<AotVariant>& variants() {
 
 bool spec_matches(const Specialization& variant, const Specialization& need) {
   auto ok = [](int v, int n) { return v == 0 || v == n; };
-  return ok(variant.D, need.D) && ok(variant.page_size, need.page_size) && ok(variant.block_size, need.block_size) &&
+  return variant.dtype == need.dtype && ok(variant.D, need.D) && ok(variant.page_size, need.page_size) && ok(variant.block_size, need.block_size) &&
          ok(variant.qhead, need.qhead) && ok(variant.T, need.T);
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "kvouter/errors.h"
@@ -80,7 +81,7 @@ Inputs load_case(const std::string& dir) {
     named = v.get<std::string>();
   }
   // dq is one of the three (checked above).
-  const StorageDtype dtype = dq == "<f4" ? StorageDtype::kFloat32 : dq == "<f2" ? StorageDtype::kFloat16 : StorageDtype::kBFloat16;
+  const Dtype dtype = dq == "<f4" ? Dtype::kFloat32 : dq == "<f2" ? Dtype::kFloat16 : Dtype::kBFloat16;
   const std::string files = dq == "<f4" ? "float32" : dq == "<f2" ? "float16" : "bfloat16";
   if (dq == "<u2" && named != "bfloat16") {
     throw InputError("q dtype", "float32, float16, or uint16 bits with case.json \"dtype\": \"bfloat16\"",
@@ -89,9 +90,22 @@ Inputs load_case(const std::string& dir) {
   if (!named.empty() && named != files) {
     throw InputError("case.json dtype", "the files' dtype " + files, named);
   }
-  in.q = load_npy_widened(file("q"), "q", dtype);
-  in.k_pages = load_npy_widened(file("k_pages"), "k_pages", dtype);
-  in.v_pages = load_npy_widened(file("v_pages"), "v_pages", dtype);
+  // The backends read the stored values (16-bit bits as they are); the widened floats are what a
+  // reference computes from.
+  in.dtype = dtype;
+  if (dtype == Dtype::kFloat32) {
+    in.q = load_npy<float>(file("q"), "q");
+    in.k_pages = load_npy<float>(file("k_pages"), "k_pages");
+    in.v_pages = load_npy<float>(file("v_pages"), "v_pages");
+  } else {
+    for (auto [name, values, bits] : {std::tuple{"q", &in.q, &in.q_bits}, {"k_pages", &in.k_pages, &in.k_bits},
+                                      {"v_pages", &in.v_pages, &in.v_bits}}) {
+      *bits = load_npy_bits(file(name), name, dtype);
+      values->shape = bits->shape;
+      values->data.resize(bits->data.size());
+      widen(dtype, bits->data.data(), bits->numel(), values->data.data());
+    }
+  }
   in.selected = load_npy<int32_t>(file("selected"), "selected");
   in.block_tables = load_npy<int32_t>(file("block_tables"), "block_tables");
   in.cu_seqlens_q = load_npy<int64_t>(file("cu_seqlens_q"), "cu_seqlens_q");
@@ -103,15 +117,22 @@ void save_case(const std::string& dir, const Inputs& in) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   auto file = [&](const char* name) { return (fs::path(dir) / name).string(); };
-  save_npy(file("q.npy"), in.q);
-  save_npy(file("k_pages.npy"), in.k_pages);
-  save_npy(file("v_pages.npy"), in.v_pages);
+  if (in.dtype == Dtype::kFloat32) {
+    save_npy(file("q.npy"), in.q);
+    save_npy(file("k_pages.npy"), in.k_pages);
+    save_npy(file("v_pages.npy"), in.v_pages);
+  } else {
+    save_npy_bits(file("q.npy"), in.q_bits, in.dtype);
+    save_npy_bits(file("k_pages.npy"), in.k_bits, in.dtype);
+    save_npy_bits(file("v_pages.npy"), in.v_bits, in.dtype);
+  }
   save_npy(file("selected.npy"), in.selected);
   save_npy(file("block_tables.npy"), in.block_tables);
   save_npy(file("cu_seqlens_q.npy"), in.cu_seqlens_q);
   if (in.used_kv_lens) save_npy(file("used_kv_lens.npy"), *in.used_kv_lens);
   nlohmann::json j = {{"block_size", in.block_size}, {"page_size", in.page_size}, {"causal", in.causal}};
   if (in.softmax_scale) j["softmax_scale"] = *in.softmax_scale;
+  if (in.dtype != Dtype::kFloat32) j["dtype"] = dtype_name(in.dtype);
   std::ofstream(file("case.json")) << j.dump(1) << "\n";
 }
 

@@ -5,6 +5,7 @@
 #include <HalideBuffer.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <functional>
 #include <limits>
@@ -19,9 +20,18 @@ using Halide::Runtime::Buffer;
 
 namespace {
 
-// A C-order array [n0, n1, ..., nk] is the Halide buffer (nk, ..., n1, n0).
-template <class T>
-Buffer<T> wrap(const T* data, std::vector<int64_t> shape) {
+// q, K or V in their storage dtype: float32, float16, or bfloat16 as its uint16 bits (the
+// pipelines' input types, generators/kvouter_forward_generator.cpp).
+halide_type_t storage_type(Dtype t) {
+  switch (t) {
+    case Dtype::kFloat16: return halide_type_t(halide_type_float, 16);
+    case Dtype::kBFloat16: return halide_type_t(halide_type_uint, 16);
+    case Dtype::kFloat32: break;
+  }
+  return halide_type_of<float>();
+}
+
+std::vector<int> halide_sizes(const std::vector<int64_t>& shape) {
   std::vector<int> sizes;
   for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
     if (*it > std::numeric_limits<int32_t>::max()) {
@@ -29,7 +39,17 @@ Buffer<T> wrap(const T* data, std::vector<int64_t> shape) {
     }
     sizes.push_back(static_cast<int>(*it));
   }
-  return Buffer<T>(const_cast<T*>(data), sizes);
+  return sizes;
+}
+
+// A C-order array [n0, n1, ..., nk] is the Halide buffer (nk, ..., n1, n0).
+template <class T>
+Buffer<T> wrap(const T* data, std::vector<int64_t> shape) {
+  return Buffer<T>(const_cast<T*>(data), halide_sizes(shape));
+}
+
+Buffer<void> wrap_storage(const StorageView& v) {
+  return Buffer<void>(storage_type(v.dtype), const_cast<void*>(v.data), halide_sizes(v.shape_vec()));
 }
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -102,21 +122,29 @@ void run_timed(const KernelTiming& kt, bool warm, RepTimes& rt, const std::funct
 // zero-filled. The pipelines see the padded extents: padded queries, pages and tiles are never
 // referenced by real ones (a zero tile has limit 0: fully masked), and padded output rows are
 // dropped on the way back.
-int64_t pad16(int64_t n) { return (std::max<int64_t>(n, 1) + 15) / 16 * 16; }
+// (16 rows of 4-byte elements, 32 of 2-byte ones.)
+int64_t pad_rows(int64_t n, int64_t element_bytes) {
+  const int64_t m = 64 / element_bytes;
+  return (std::max<int64_t>(n, 1) + m - 1) / m * m;
+}
 
-template <class T>
-Buffer<T> device_array(const T* data, std::vector<int64_t> shape, int64_t count, const halide_device_interface_t* dev) {
-  shape[0] = pad16(shape[0]);
-  Buffer<T> b = wrap<T>(nullptr, shape);
-  b.allocate();
-  b.fill(T{});
-  if (data) std::copy(data, data + count, b.data());
+Buffer<void> device_raw(halide_type_t type, const void* data, std::vector<int64_t> shape, int64_t count,
+                        const halide_device_interface_t* dev) {
+  shape[0] = pad_rows(shape[0], type.bytes());
+  Buffer<void> b(type, halide_sizes(shape));
+  std::memset(b.data(), 0, b.size_in_bytes());
+  if (data) std::memcpy(b.data(), data, static_cast<size_t>(count) * type.bytes());
   b.set_host_dirty();
   if (b.copy_to_device(dev) != 0) {
     throw BackendError("halide: allocating a device buffer of " + std::to_string(b.size_in_bytes()) +
                        " bytes failed");
   }
   return b;
+}
+
+template <class T>
+Buffer<T> device_array(const T* data, std::vector<int64_t> shape, int64_t count, const halide_device_interface_t* dev) {
+  return Buffer<T>(device_raw(halide_type_of<T>(), data, std::move(shape), count, dev));
 }
 
 template <class T>
@@ -129,14 +157,14 @@ void download(Buffer<T>& b, T* dst, int64_t count, const Kernels& k) {
 // the device holds only what the kernels can read, so a cache larger than one storage-buffer
 // binding (4 GiB on the H200, 128 MiB on lavapipe) still runs when its selected pages fit.
 struct CompactPages {
-  std::vector<float> k, v;
+  std::vector<uint8_t> k, v;  // pages in the storage dtype
   std::vector<int32_t> tile_pages;
   int64_t pages = 0;
 };
 
 CompactPages compact_pages(const InputsView& in, const TileSet& ts) {
   CompactPages c;
-  const int64_t page_floats = in.k_pages.numel() / std::max<int64_t>(in.k_pages.shape[0], 1);
+  const int64_t page_bytes = in.k_pages.numel() / std::max<int64_t>(in.k_pages.shape[0], 1) * in.k_pages.element_bytes();
   std::vector<int32_t> remap(static_cast<size_t>(in.k_pages.shape[0]), -1);
   c.tile_pages = ts.tile_pages;
   for (int32_t& pg : c.tile_pages) {
@@ -145,13 +173,15 @@ CompactPages compact_pages(const InputsView& in, const TileSet& ts) {
     if (r < 0) r = static_cast<int32_t>(c.pages++);
     pg = r;
   }
-  c.k.resize(static_cast<size_t>(std::max<int64_t>(c.pages, 1) * page_floats));
+  c.k.resize(static_cast<size_t>(std::max<int64_t>(c.pages, 1) * page_bytes));
   c.v.resize(c.k.size());
+  const auto* ks = static_cast<const uint8_t*>(in.k_pages.data);
+  const auto* vs = static_cast<const uint8_t*>(in.v_pages.data);
   for (size_t pg = 0; pg < remap.size(); ++pg) {
     if (remap[pg] < 0) continue;
-    const int64_t src = static_cast<int64_t>(pg) * page_floats, dst = int64_t{remap[pg]} * page_floats;
-    std::copy(in.k_pages.ptr() + src, in.k_pages.ptr() + src + page_floats, c.k.data() + dst);
-    std::copy(in.v_pages.ptr() + src, in.v_pages.ptr() + src + page_floats, c.v.data() + dst);
+    const int64_t src = static_cast<int64_t>(pg) * page_bytes, dst = int64_t{remap[pg]} * page_bytes;
+    std::memcpy(c.k.data() + dst, ks + src, static_cast<size_t>(page_bytes));
+    std::memcpy(c.v.data() + dst, vs + src, static_cast<size_t>(page_bytes));
   }
   c.pages = std::max<int64_t>(c.pages, 1);
   return c;
@@ -176,9 +206,10 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
   CompactPages pool = compact_pages(in, ts);
   std::vector<int64_t> kv_shape = in.k_pages.shape_vec();
   kv_shape[0] = pool.pages;
-  auto q = device_array(in.q.ptr(), in.q.shape_vec(), in.q.numel(), dev);
-  auto k = device_array(pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()), dev);
-  auto v = device_array(pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()), dev);
+  const halide_type_t st = storage_type(in.q.dtype);
+  auto q = device_raw(st, in.q.ptr(), in.q.shape_vec(), in.q.numel(), dev);
+  auto k = device_raw(st, pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()) / st.bytes(), dev);
+  auto v = device_raw(st, pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()) / st.bytes(), dev);
   lap(xfer);
   const int64_t Q = std::max<int64_t>(ts.query_batch, 1);
   const int64_t batches = std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
@@ -236,7 +267,7 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
 Specialization Specialization::of(const Plan& plan) {
   const Problem& p = plan.problem;
   return {static_cast<int>(p.D), static_cast<int>(p.page_size), static_cast<int>(p.block_size),
-          static_cast<int>(p.qhead), static_cast<int>(plan.tiles.T)};
+          static_cast<int>(p.qhead), static_cast<int>(plan.tiles.T), p.dtype};
 }
 
 Specialization Specialization::with_extents(const Plan& plan) const {
@@ -256,6 +287,7 @@ Specialization Specialization::with_extents(const Plan& plan) const {
 std::string Specialization::str() const {
   std::ostringstream os;
   os << "D=" << D << ",page_size=" << page_size << ",block_size=" << block_size << ",qhead=" << qhead << ",T=" << T;
+  if (dtype != Dtype::kFloat32) os << ",storage=" << dtype_name(dtype);
   if (tq) os << ",est_tq=" << tq << ",est_hq=" << hq << ",est_hkv=" << hkv << ",est_pages=" << pages << ",est_tiles=" << tiles << ",est_topk=" << topk;
   return os.str();
 }
@@ -343,9 +375,9 @@ void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in,
       kt, true, rt,
       [&] {
         if (ts.num_tiles == 0) return;
-        auto q = wrap(in.q.ptr(), in.q.shape_vec());
-        auto k = wrap(in.k_pages.ptr(), in.k_pages.shape_vec());
-        auto v = wrap(in.v_pages.ptr(), in.v_pages.shape_vec());
+        auto q = wrap_storage(in.q);
+        auto k = wrap_storage(in.k_pages);
+        auto v = wrap_storage(in.v_pages);
         auto head = wrap(ts.tile_head.data(), {ts.num_tiles});
         auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
         auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});

@@ -99,14 +99,19 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
 
 std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Halide::Target target = to_target(req.target);
+  Halide::Target target = to_target(req.target);
   const bool vulkan = target.has_feature(Halide::Target::Vulkan);  // to_target found the device
+  // 16-bit storage on Vulkan: float16 loads need the device's 16-bit floats, bfloat16 bits its
+  // 16-bit integers (the runtime checks the device offers them).
+  if (vulkan && req.spec.dtype == Dtype::kFloat16) target = target.with_feature(Halide::Target::VulkanFloat16);
+  if (vulkan && req.spec.dtype != Dtype::kFloat32) target = target.with_feature(Halide::Target::VulkanInt16);
 
   Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
                                     {"D", std::to_string(req.spec.D)},
                                     {"page_size", std::to_string(req.spec.page_size)},
                                     {"block_size", std::to_string(req.spec.block_size)},
-                                    {"qhead", std::to_string(req.spec.qhead)}};
+                                    {"qhead", std::to_string(req.spec.qhead)},
+                                    {"storage", dtype_name(req.spec.dtype)}};
   for (const auto& [k, v] : req.knobs) fwd[k] = v;
   fwd["T"] = std::to_string(req.spec.T);  // the plan's T (the knob may say 0 = automatic)
   Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},

@@ -249,29 +249,6 @@ auto with_npy_file(const std::string& path, const std::string& field, Read read)
   }
 }
 
-// IEEE binary16 to float32, exactly (subnormals, infinities and NaN included).
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exp = 113;
-    while (!(mant & 0x400u)) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 }  // namespace
 
 template <class T>
@@ -288,31 +265,30 @@ std::string npy_descr(const std::string& path, const std::string& field) {
 
 std::string npy_dtype_name(const std::string& descr) { return dtype_name(descr); }
 
-Tensor<float> load_npy_widened(const std::string& path, const std::string& field, StorageDtype dtype) {
-  if (dtype == StorageDtype::kFloat32) return load_npy<float>(path, field);
-  const Tensor<uint16_t> bits = with_npy_file(path, field, [&](std::ifstream& f, uint64_t size) {
-    return read_npy<uint16_t>(f, size, field, dtype == StorageDtype::kFloat16 ? "<f2" : "<u2");
+Tensor<uint16_t> load_npy_bits(const std::string& path, const std::string& field, Dtype dtype) {
+  return with_npy_file(path, field, [&](std::ifstream& f, uint64_t size) {
+    return read_npy<uint16_t>(f, size, field, dtype == Dtype::kFloat16 ? "<f2" : "<u2");
   });
+}
+
+Tensor<float> load_npy_widened(const std::string& path, const std::string& field, Dtype dtype) {
+  if (dtype == Dtype::kFloat32) return load_npy<float>(path, field);
+  const Tensor<uint16_t> bits = load_npy_bits(path, field, dtype);
   Tensor<float> t;
   t.shape = bits.shape;
   t.data.resize(bits.data.size());
-  for (size_t i = 0; i < bits.data.size(); ++i) {
-    if (dtype == StorageDtype::kFloat16) {
-      t.data[i] = half_to_float(bits.data[i]);
-    } else {
-      const uint32_t b = static_cast<uint32_t>(bits.data[i]) << 16;  // bfloat16: the upper half
-      std::memcpy(&t.data[i], &b, sizeof(float));
-    }
-  }
+  widen(dtype, bits.data.data(), bits.numel(), t.data.data());
   return t;
 }
 
+namespace {
+
 template <class T>
-void save_npy(const std::string& path, const Tensor<T>& t) {
+void write_npy(const std::string& path, const Tensor<T>& t, const char* descr) {
   std::string shape = "(";
   for (size_t i = 0; i < t.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape[i]);
   shape += t.shape.size() == 1 ? ",)" : ")";
-  std::string header = std::string("{'descr': '") + NpyType<T>::descr +
+  std::string header = std::string("{'descr': '") + descr +
                        "', 'fortran_order': False, 'shape': " + shape + ", }";
   // numpy's layout: spaces, then '\n', so that the payload starts on a 64-byte boundary.
   auto padded = [&](size_t pre) {
@@ -334,6 +310,17 @@ void save_npy(const std::string& path, const Tensor<T>& t) {
           static_cast<std::streamsize>(t.data.size() * sizeof(T)));
   f.close();
   if (!f) throw CaseFileError("cannot write " + path);
+}
+
+}  // namespace
+
+template <class T>
+void save_npy(const std::string& path, const Tensor<T>& t) {
+  write_npy(path, t, NpyType<T>::descr);
+}
+
+void save_npy_bits(const std::string& path, const Tensor<uint16_t>& bits, Dtype dtype) {
+  write_npy(path, bits, dtype == Dtype::kFloat16 ? "<f2" : "<u2");
 }
 
 template Tensor<float> load_npy<float>(const std::string&, const std::string&);

@@ -55,7 +55,7 @@ TensorView<const T> view_of(const char* field, const Tensor<T>& t, int rank) {
 // A view: its rank, extents (count and bytes within 64 bits), row-major contiguous strides, and
 // data behind any element.
 template <class T>
-void check_view(const char* field, const TensorView<T>& v, int rank) {
+void check_view(const char* field, const TensorView<T>& v, int rank, int64_t element_bytes = sizeof(T)) {
   if (v.rank != rank) {
     throw InputError(field, std::to_string(rank) + " dimensions", std::to_string(v.rank));
   }
@@ -67,7 +67,7 @@ void check_view(const char* field, const TensorView<T>& v, int rank) {
       throw InputError(field, "a shape whose element count fits in 64 bits", shape_str(v));
     }
   }
-  if (__builtin_mul_overflow(n, static_cast<int64_t>(sizeof(T)), &n)) {
+  if (__builtin_mul_overflow(n, element_bytes, &n)) {
     throw InputError(field, "a shape whose byte count fits in 64 bits", shape_str(v));
   }
   if (!v.row_major()) {
@@ -75,7 +75,15 @@ void check_view(const char* field, const TensorView<T>& v, int rank) {
     for (int i = 0; i < rank; ++i) strides += (i ? ", " : "") + str(v.strides[static_cast<size_t>(i)]);
     throw InputError(field, "a row-major contiguous view of shape " + shape_str(v), "strides [" + strides + "]");
   }
-  if (n > 0 && v.data == nullptr) throw InputError(field, "data for " + str(n / static_cast<int64_t>(sizeof(T))) + " elements", "a null pointer");
+  if (n > 0 && v.data == nullptr) throw InputError(field, "data for " + str(n / element_bytes) + " elements", "a null pointer");
+}
+
+// q, K or V in storage: the view of the values (float32) or of the bits (16-bit dtypes).
+StorageView storage_view_of(const char* field, const Tensor<float>& values, const Tensor<uint16_t>& bits, Dtype dtype, int rank) {
+  if (dtype == Dtype::kFloat32) return StorageView(view_of(field, values, rank));
+  if (!dtype_known(dtype)) throw InputError("dtype", "float32, float16 or bfloat16", dtype_name(dtype));
+  const std::string bits_field = std::string(field) + " (" + dtype_name(dtype) + " bits)";
+  return StorageView(view_of(bits_field.c_str(), bits, rank), dtype);
 }
 
 void expect_dim(const char* field, const char* what, int64_t expected, int64_t actual) {
@@ -85,9 +93,9 @@ void expect_dim(const char* field, const char* what, int64_t expected, int64_t a
 }  // namespace
 
 InputsView::InputsView(const Inputs& in)
-    : q(view_of("q", in.q, 3)),
-      k_pages(view_of("k_pages", in.k_pages, 4)),
-      v_pages(view_of("v_pages", in.v_pages, 4)),
+    : q(storage_view_of("q", in.q, in.q_bits, in.dtype, 3)),
+      k_pages(storage_view_of("k_pages", in.k_pages, in.k_bits, in.dtype, 4)),
+      v_pages(storage_view_of("v_pages", in.v_pages, in.v_bits, in.dtype, 4)),
       selected(view_of("selected", in.selected, 3)),
       block_tables(view_of("block_tables", in.block_tables, 2)),
       cu_seqlens_q(view_of("cu_seqlens_q", in.cu_seqlens_q, 1)),
@@ -98,6 +106,24 @@ InputsView::InputsView(const Inputs& in)
   if (in.used_kv_lens) used_kv_lens = view_of("used_kv_lens", *in.used_kv_lens, 1);
 }
 
+void Inputs::store_as(Dtype t) {
+  if (!dtype_known(t)) throw InputError("dtype", "float32, float16 or bfloat16", dtype_name(t));
+  dtype = t;
+  for (auto [values, bits] : {std::pair{&q, &q_bits}, {&k_pages, &k_bits}, {&v_pages, &v_bits}}) {
+    if (t == Dtype::kFloat32) {
+      *bits = Tensor<uint16_t>();
+      continue;
+    }
+    bits->shape = values->shape;
+    bits->data.resize(values->data.size());
+    for (size_t i = 0; i < values->data.size(); ++i) {
+      const uint16_t b = t == Dtype::kFloat16 ? float_to_half(values->data[i]) : float_to_bf16(values->data[i]);
+      bits->data[i] = b;
+      values->data[i] = t == Dtype::kFloat16 ? half_to_float(b) : bf16_to_float(b);
+    }
+  }
+}
+
 Problem validate(const InputsView& in) {
   Problem p;
   validate(in, &p, true);
@@ -106,9 +132,18 @@ Problem validate(const InputsView& in) {
 
 void validate(const InputsView& in, Problem* out, bool check_block_tables) {
   Problem& p = *out;
-  check_view("q", in.q, 3);
-  check_view("k_pages", in.k_pages, 4);
-  check_view("v_pages", in.v_pages, 4);
+  // SPEC section 1: one storage dtype, one of the three.
+  if (!dtype_known(in.q.dtype)) throw InputError("q dtype", "float32, float16 or bfloat16", dtype_name(in.q.dtype));
+  if (in.k_pages.dtype != in.q.dtype) {
+    throw InputError("k_pages dtype", "q's dtype " + dtype_name(in.q.dtype), dtype_name(in.k_pages.dtype));
+  }
+  if (in.v_pages.dtype != in.q.dtype) {
+    throw InputError("v_pages dtype", "q's dtype " + dtype_name(in.q.dtype), dtype_name(in.v_pages.dtype));
+  }
+  check_view("q", in.q, 3, in.q.element_bytes());
+  check_view("k_pages", in.k_pages, 4, in.k_pages.element_bytes());
+  check_view("v_pages", in.v_pages, 4, in.v_pages.element_bytes());
+  p.dtype = in.q.dtype;
   check_view("selected", in.selected, 3);
   check_view("block_tables", in.block_tables, 2);
   check_view("cu_seqlens_q", in.cu_seqlens_q, 1);

@@ -47,7 +47,7 @@ void load_as(const std::string& path, const std::string& copy, size_t file_size)
              "round trip changed the data");
 }
 
-void load_widened(const std::string& path, StorageDtype dtype, size_t file_size) {
+void load_widened(const std::string& path, Dtype dtype, size_t file_size) {
   Tensor<float> t;
   try {
     t = load_npy_widened(path, "fuzz", dtype);
@@ -60,7 +60,7 @@ void load_widened(const std::string& path, StorageDtype dtype, size_t file_size)
   for (float v : t.data) {
     uint32_t bits;
     std::memcpy(&bits, &v, 4);
-    if (dtype == StorageDtype::kBFloat16) {
+    if (dtype == Dtype::kBFloat16) {
       FUZZ_CHECK((bits & 0xFFFFu) == 0, "bfloat16 widened with low bits %08x", bits);
     } else if (std::isfinite(v)) {
       // Every finite half is a multiple of 2^-24 and at most 65504 in magnitude.
@@ -79,7 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   load_as<float>(path, copy, size);
   load_as<int32_t>(path, copy, size);
   load_as<int64_t>(path, copy, size);
-  load_widened(path, StorageDtype::kFloat16, size);
-  load_widened(path, StorageDtype::kBFloat16, size);
+  load_widened(path, Dtype::kFloat16, size);
+  load_widened(path, Dtype::kBFloat16, size);
   return 0;
 }

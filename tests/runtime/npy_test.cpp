@@ -169,7 +169,7 @@ TEST_F(NpyTest, SixteenBitFilesWidenExactly) {
                                  std::numeric_limits<float>::infinity()};
   std::string payload(reinterpret_cast<const char*>(h.data()), h.size() * 2);
   write("h.npy", header("{'descr': '<f2', 'fortran_order': False, 'shape': (7,), }") + payload);
-  const Tensor<float> th = load_npy_widened(path("h.npy"), "q", StorageDtype::kFloat16);
+  const Tensor<float> th = load_npy_widened(path("h.npy"), "q", Dtype::kFloat16);
   ASSERT_EQ(th.data.size(), hf.size());
   for (size_t i = 0; i < hf.size(); ++i) {
     EXPECT_EQ(th.data[i], hf[i]) << i;
@@ -177,7 +177,7 @@ TEST_F(NpyTest, SixteenBitFilesWidenExactly) {
   }
   EXPECT_TRUE(std::isnan(load_npy_widened(write("nan.npy", header("{'descr': '<f2', 'fortran_order': False, 'shape': (1,), }") +
                                                                std::string("\x01\x7e", 2)),
-                                          "q", StorageDtype::kFloat16)
+                                          "q", Dtype::kFloat16)
                              .data[0]));
   // bfloat16 bits: the upper half of the float32 value (1.5, -3.25, the float32 subnormal 2^-133).
   const std::vector<float> bf = {1.5f, -3.25f, 0x1p-133f};
@@ -189,12 +189,12 @@ TEST_F(NpyTest, SixteenBitFilesWidenExactly) {
   }
   write("b.npy", header("{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }") +
                      std::string(reinterpret_cast<const char*>(bits.data()), bits.size() * 2));
-  const Tensor<float> tb = load_npy_widened(path("b.npy"), "k_pages", StorageDtype::kBFloat16);
+  const Tensor<float> tb = load_npy_widened(path("b.npy"), "k_pages", Dtype::kBFloat16);
   for (size_t i = 0; i < bf.size(); ++i) EXPECT_EQ(tb.data[i], bf[i]) << i;
   // A float32 file where float16 is expected is a dtype error naming both.
   save_npy(path("f.npy"), Tensor<float>({1}, 1.f));
   try {
-    load_npy_widened(path("f.npy"), "q", StorageDtype::kFloat16);
+    load_npy_widened(path("f.npy"), "q", Dtype::kFloat16);
     ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("float16"), std::string::npos) << e.what();

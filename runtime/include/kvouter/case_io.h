@@ -22,14 +22,15 @@ void save_outputs(const std::string& dir, const Outputs& outputs);
 template <class T>
 Tensor<T> load_npy(const std::string& path, const std::string& field);
 
-// The storage dtypes of q, k_pages and v_pages (SPEC section 1).
-enum class StorageDtype { kFloat32, kFloat16, kBFloat16 };
 // The descr of a .npy file's header ('<f4', '<f2', '<u2', ...), and numpy's name for one.
 std::string npy_descr(const std::string& path, const std::string& field);
 std::string npy_dtype_name(const std::string& descr);
 // A float32 ('<f4'), float16 ('<f2') or bfloat16 (its bits, '<u2') .npy file, every value widened
 // exactly to float32. Throws InputError when the file holds another dtype.
-Tensor<float> load_npy_widened(const std::string& path, const std::string& field, StorageDtype dtype);
+Tensor<float> load_npy_widened(const std::string& path, const std::string& field, Dtype dtype);
+// The bits of a float16 ('<f2') or bfloat16 ('<u2') file, and their writer.
+Tensor<uint16_t> load_npy_bits(const std::string& path, const std::string& field, Dtype dtype);
+void save_npy_bits(const std::string& path, const Tensor<uint16_t>& bits, Dtype dtype);
 template <class T>
 void save_npy(const std::string& path, const Tensor<T>& t);
 

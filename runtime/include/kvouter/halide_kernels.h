@@ -32,6 +32,8 @@ struct Kernels {
 // Shape constants a variant may be specialised on (0 = generic).
 struct Specialization {
   int D = 0, page_size = 0, block_size = 0, qhead = 0, T = 0;
+  // The storage dtype of q, K and V: a variant is compiled for one, never generic over them.
+  Dtype dtype = Dtype::kFloat32;
   // Extents that only autoscheduled twins specialise on (their estimates); 0 otherwise.
   int64_t tq = 0, hq = 0, hkv = 0, pages = 0, tiles = 0, topk = 0;
   Specialization with_extents(const Plan& plan) const;

@@ -8,9 +8,15 @@
 namespace kvouter {
 
 struct Inputs {
+  // The values of q, K and V, as float32: the stored values when dtype is float32, else the 16-bit
+  // values widened exactly (what a reference computes from).
   Tensor<float> q;                         // [Tq, Hq, D]
   Tensor<float> k_pages;                   // [num_pages, Hkv, page_size, D]
   Tensor<float> v_pages;                   // [num_pages, Hkv, page_size, D]
+  // The storage dtype (SPEC section 1). For float16 and bfloat16 the stored bits, of the shapes
+  // above, are what the backends read.
+  Dtype dtype = Dtype::kFloat32;
+  Tensor<uint16_t> q_bits, k_bits, v_bits;
   Tensor<int32_t> selected;                // [Tq, Hkv, topk], negative = padding
   Tensor<int32_t> block_tables;            // [B, max_pages], negative = unallocated
   Tensor<int64_t> cu_seqlens_q;            // [B + 1]
@@ -19,13 +25,18 @@ struct Inputs {
   int64_t page_size = 0;
   bool causal = false;
   std::optional<float> softmax_scale;
+
+  // Stores q, K and V in `dtype`: each value rounded to it (nearest, ties to even), the bits kept
+  // in the *_bits tensors and the float values replaced by the rounded ones. float32 keeps the
+  // values and drops any bits.
+  void store_as(Dtype dtype);
 };
 
 // The same inputs as views of caller memory: what validate(), the planner and every backend read.
 // An Inputs converts to it (each tensor's element count checked against its shape, InputError
 // naming the field); an engine builds one over its own arrays, and nothing is copied.
 struct InputsView {
-  TensorView<const float> q, k_pages, v_pages;
+  StorageView q, k_pages, v_pages;  // one storage dtype for the three (validate checks)
   TensorView<const int32_t> selected, block_tables;
   TensorView<const int64_t> cu_seqlens_q;
   std::optional<TensorView<const int32_t>> used_kv_lens;
@@ -45,6 +56,7 @@ struct Problem {
   int64_t topk = 0, B = 0, max_pages = 0, msb = 0;
   bool causal = false;
   float scale = 1.f;
+  Dtype dtype = Dtype::kFloat32;  // storage dtype of q, K and V
   std::vector<int64_t> kv_len;  // L_b per sequence
 
   // Inclusive upper bound of the attended KV positions of local query i of sequence b, before

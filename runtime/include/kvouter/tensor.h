@@ -4,9 +4,10 @@
 
 #include <array>
 #include <cstdint>
-#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "kvouter/dtype.h"
 
 namespace kvouter {
 
@@ -88,6 +89,35 @@ struct TensorView {
       strides[static_cast<size_t>(i)] = stride;
       if (__builtin_mul_overflow(stride, shape[static_cast<size_t>(i)], &stride)) stride = INT64_MAX;
     }
+  }
+};
+
+// q, k_pages or v_pages in their storage dtype (SPEC section 1): float32 elements, or the bits of
+// float16 / bfloat16 ones (uint16_t).
+struct StorageView : TensorView<const void> {
+  Dtype dtype = Dtype::kFloat32;
+
+  StorageView() = default;
+  StorageView(const float* d, std::initializer_list<int64_t> s) : TensorView<const void>(d, s) {}
+  StorageView(const uint16_t* d, std::initializer_list<int64_t> s, Dtype t) : TensorView<const void>(d, s), dtype(t) {}
+  StorageView(const TensorView<const float>& v)  // NOLINT: a float32 view is a storage view
+      : TensorView<const void>(as_void(v)) {}
+  StorageView(const TensorView<const uint16_t>& v, Dtype t) : TensorView<const void>(as_void(v)), dtype(t) {}
+
+  // The elements, as float (float32) or as their bits (the 16-bit dtypes).
+  const float* f32() const { return static_cast<const float*>(data); }
+  const uint16_t* u16() const { return static_cast<const uint16_t*>(data); }
+  int64_t element_bytes() const { return dtype_bytes(dtype); }
+
+ private:
+  template <class T>
+  static TensorView<const void> as_void(const TensorView<T>& v) {
+    TensorView<const void> r;
+    r.data = v.data;
+    r.rank = v.rank;
+    r.shape = v.shape;
+    r.strides = v.strides;
+    return r;
   }
 };
 
