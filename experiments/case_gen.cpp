@@ -130,6 +130,7 @@ Inputs make_case(const CaseSpec& s) {
     in.v_pages = Tensor<float>({num_pages, s.Hkv, s.page_size, s.D});
     fill_uniform(in.k_pages.data, s.seed * 3 + 1, 1.f);
     fill_uniform(in.v_pages.data, s.seed * 3 + 2, 1.f);
+    if (s.dtype != Dtype::kFloat32) in.store_as(s.dtype);
     return in;
   }
   std::vector<uint8_t> keep_block(static_cast<size_t>(B * msb), 0);
@@ -166,6 +167,7 @@ Inputs make_case(const CaseSpec& s) {
   in.v_pages = Tensor<float>({n, s.Hkv, s.page_size, s.D});
   fill_uniform_pages(in.k_pages.data, kept, page_floats, s.seed * 3 + 1, 1.f);
   fill_uniform_pages(in.v_pages.data, kept, page_floats, s.seed * 3 + 2, 1.f);
+  if (s.dtype != Dtype::kFloat32) in.store_as(s.dtype);
   return in;
 }
 

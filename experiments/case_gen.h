@@ -25,6 +25,8 @@ struct CaseSpec {
   std::optional<float> scale;
   float q_scale = 1.f;               // multiplies q (large logits)
   uint64_t seed = 1;
+  // The storage dtype (SPEC section 1, section 5): q, K and V drawn as float32 and rounded to it.
+  Dtype dtype = Dtype::kFloat32;
   // Only the pages some selection reaches are kept (renumbered densely in pool order, the others
   // -1 in block_tables), each with the values the full pool gives it: the same problem by SPEC §2
   // (an unselected block is never read), without allocating the whole pool (gpu-decode's is

@@ -18,6 +18,24 @@ struct ScheduleKindName {
   }
 };
 
+// The 16-bit storage dtypes (SPEC section 1), each case kind is also checked in.
+inline std::vector<Dtype> dtypes16() { return {Dtype::kFloat16, Dtype::kBFloat16}; }
+
+// The name of a (schedule, (case kind, spec), dtype) test parameter: "<schedule>_<kind>_<dtype>".
+struct ScheduleKindDtypeName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    return std::get<0>(info.param) + "_" + std::get<1>(info.param).first + "_" + dtype_name(std::get<2>(info.param));
+  }
+};
+
+// float32 inputs holding exactly the values of `in` (for 16-bit inputs, the widened values that
+// store_as and load_case keep beside the bits): the oracle's input, which never reads the bits.
+inline Inputs values_only(Inputs in) {
+  in.store_as(Dtype::kFloat32);
+  return in;
+}
+
 inline std::vector<std::pair<std::string, experiments::CaseSpec>> case_kinds() {
   using experiments::CaseSpec;
   std::vector<std::pair<std::string, CaseSpec>> k;

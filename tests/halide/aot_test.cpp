@@ -53,6 +53,65 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, AotScheduleTest,
                                             ::testing::ValuesIn(testing::case_kinds())),
                          testing::ScheduleKindName());
 
+// 16-bit storage: every manual CPU schedule's variants in each 16-bit dtype on every case kind
+// (the SPEC shapes' specialised variants on tiny's neighbours, the generic ones elsewhere).
+using StorageParam = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>, Dtype>;
+class AotStorageTest : public ::testing::TestWithParam<StorageParam> {};
+
+TEST_P(AotStorageTest, MatchesOracle) {
+  const auto& [schedule, kind, dtype] = GetParam();
+  experiments::CaseSpec spec = kind.second;
+  spec.dtype = dtype;
+  const Inputs in = experiments::make_case(spec);
+  auto backend = make("aot", schedule);
+  const Plan plan = make_plan(in, backend->plan_options());
+  const Inputs values = testing::values_only(in);
+  const auto err = experiments::compare_outputs(backend->run(plan, in),
+                                                reference::dense_attention<double>(values, validate(values)));
+  const std::string variant = backend->params().at("variant");
+  EXPECT_NE(variant.find(dtype_name(dtype)), std::string::npos) << variant;
+  EXPECT_TRUE(err.ok()) << schedule << " on " << kind.first << " in " << dtype_name(dtype) << " (variant " << variant
+                        << "): max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+}
+
+INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, AotStorageTest,
+                         ::testing::Combine(::testing::Values("cpu_simple", "cpu_tiled", "cpu_rowstream"),
+                                            ::testing::ValuesIn(testing::case_kinds()),
+                                            ::testing::ValuesIn(testing::dtypes16())),
+                         testing::ScheduleKindDtypeName());
+
+// The SPEC decode and prefill shapes in 16 bits run their specialised variants; a schedule with no
+// variant in a dtype says so.
+TEST(Aot, SixteenBitShapesPickTheirVariants) {
+  for (const char* shape : {"decode", "prefill"}) {
+    experiments::CaseSpec s = experiments::named_shape(shape);
+    s.qo.resize(std::min<size_t>(s.qo.size(), 2));  // two sequences: the same specialisation, smaller
+    s.kv.resize(s.qo.size());
+    for (auto& L : s.kv) L = std::min<int64_t>(L, 1024);
+    for (auto& q : s.qo) q = std::min<int64_t>(q, 64);
+    for (Dtype t : testing::dtypes16()) {
+      s.dtype = t;
+      const Inputs in = experiments::make_case(s);
+      auto backend = make("aot", "cpu_tiled");
+      const Plan plan = make_plan(in, backend->plan_options());
+      const Inputs values = testing::values_only(in);
+      const auto err = experiments::compare_outputs(backend->run(plan, in),
+                                                    reference::dense_attention<double>(values, validate(values)));
+      const std::string want = std::string("kvouter_cpu_tiled_d128_p16_b64_q8_t") + (plan.tiles.T == 1 ? "1" : "16") +
+                               "_storage_" + dtype_name(t);
+      EXPECT_EQ(backend->params().at("variant"), want) << shape;
+      EXPECT_TRUE(err.ok()) << shape << " " << dtype_name(t) << ": " << err.max_out_err;
+      try {
+        auto twin = make("aot", "auto_li2018");
+        twin->run(make_plan(in, twin->plan_options()), in);
+        ADD_FAILURE() << "auto_li2018 has no " << dtype_name(t) << " variant, yet ran";
+      } catch (const BackendError& e) {
+        EXPECT_NE(std::string(e.what()).find("storage=" + dtype_name(t)), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));

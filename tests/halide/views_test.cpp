@@ -116,6 +116,35 @@ TEST(Views, HalideBackendsCopyNoKvPool) {
   }
 }
 
+// An engine's 16-bit pools: the views point at its uint16 arrays, tagged with their dtype, and every
+// CPU backend reads them in place.
+TEST(Views, SixteenBitPoolsAreReadInPlace) {
+  experiments::register_all_backends();
+  for (Dtype t : {Dtype::kFloat16, Dtype::kBFloat16}) {
+    experiments::CaseSpec spec = small_spec();
+    spec.dtype = t;
+    const Inputs in = experiments::make_case(spec);
+    std::vector<uint16_t> q = in.q_bits.data, k = in.k_bits.data, v = in.v_bits.data;
+    InputsView view = in;
+    const auto& qs = in.q.shape;
+    const auto& ks = in.k_pages.shape;
+    view.q = StorageView(q.data(), {qs[0], qs[1], qs[2]}, t);
+    view.k_pages = StorageView(k.data(), {ks[0], ks[1], ks[2], ks[3]}, t);
+    view.v_pages = StorageView(v.data(), {ks[0], ks[1], ks[2], ks[3]}, t);
+    Inputs values = in;
+    values.store_as(Dtype::kFloat32);
+    const Outputs ref = reference::dense_attention<double>(values, validate(values));
+    for (auto [backend, schedule] : {std::pair{"direct", ""}, {"dense", ""}, {"jit", "cpu_tiled"}, {"aot", "cpu_tiled"}}) {
+      auto b = BackendRegistry::instance().make({backend, schedule, {}, ""});
+      const Plan plan = make_plan(view, b->plan_options());
+      Outputs got = outputs_for(plan.problem);
+      b->run_into(plan, view, got);
+      const auto err = experiments::compare_outputs(got, ref);
+      EXPECT_TRUE(err.ok()) << backend << " in " << dtype_name(t) << ": " << err.max_out_err;
+    }
+  }
+}
+
 TEST(Views, BadViewsAreTypedErrorsNamingTheField) {
   const EngineArrays good = engine_case(small_spec());
   auto expect_error = [&](const char* field, auto mutate) {
@@ -134,6 +163,19 @@ TEST(Views, BadViewsAreTypedErrorsNamingTheField) {
   expect_error("selected", [](InputsView& v) { v.selected.shape[0] = -1; });
   expect_error("block_tables", [](InputsView& v) { std::swap(v.block_tables.strides[0], v.block_tables.strides[1]); });
   expect_error("v_pages.shape", [](InputsView& v) { v.v_pages.shape[0] += 1; v.v_pages.set_row_major_strides(); });
+  // Storage dtypes (SPEC section 1): one for the three, and one of the three.
+  expect_error("k_pages dtype", [](InputsView& v) { v.k_pages.dtype = Dtype::kFloat16; });
+  expect_error("v_pages dtype", [](InputsView& v) { v.v_pages.dtype = Dtype::kBFloat16; });
+  expect_error("q dtype", [](InputsView& v) { v.q.dtype = static_cast<Dtype>(7); });
+  // An owning Inputs that says float16 without its bits.
+  try {
+    Inputs in = experiments::make_case(small_spec());
+    in.dtype = Dtype::kFloat16;
+    InputsView v(in);
+    ADD_FAILURE() << "no error for float16 inputs without bits";
+  } catch (const InputError& err) {
+    EXPECT_EQ(std::string(err.what()).rfind("q (float16 bits)", 0), 0u) << err.what();
+  }
 
   // Outputs of the wrong shape or without memory.
   experiments::register_all_backends();

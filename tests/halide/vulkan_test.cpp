@@ -199,12 +199,14 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanJitTest,
 
 std::vector<std::string> fitting_variants(const std::string& schedule, const std::string& target, const Inputs& in);
 
-// The name of a schedule's generic Vulkan AOT variant (exactly one is generated per schedule).
-std::string generic_variant(const std::string& schedule) {
+// The name of a schedule's generic Vulkan AOT variant in a storage dtype (exactly one is generated
+// per schedule and dtype).
+std::string generic_variant(const std::string& schedule, Dtype dtype = Dtype::kFloat32) {
   halide::register_generated_aot_kernels();
   std::string name;
   for (const auto& v : halide::aot_variants()) {
-    if (v.schedule == schedule && v.target == "host-vulkan" && halide::aot_variant_is_generic(v.name)) {
+    if (v.schedule == schedule && v.target == "host-vulkan" && v.spec.dtype == dtype &&
+        halide::aot_variant_is_generic(v.name)) {
       EXPECT_TRUE(name.empty()) << "two generic variants of " << schedule;
       name = v.name;
     }
@@ -253,6 +255,50 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanAotGenericTest,
                          ::testing::Combine(::testing::ValuesIn(vulkan_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds())),
                          testing::ScheduleKindName());
+
+// 16-bit storage on Vulkan (float16 through vk_float16, bfloat16 as uint16 bits through vk_int16):
+// every manual schedule through the JIT on every case kind in each 16-bit dtype, against the
+// float64 oracle computed from the values.
+void check_storage(const std::string& backend_name, const std::string& schedule, const std::pair<std::string, experiments::CaseSpec>& kind,
+                   Dtype dtype, std::map<std::string, std::string> knobs = {}) {
+  experiments::CaseSpec spec = kind.second;
+  spec.dtype = dtype;
+  const Inputs in = experiments::make_case(spec);
+  experiments::register_all_backends();
+  auto backend = BackendRegistry::instance().make({backend_name, schedule, std::move(knobs), "host-vulkan"});
+  const Plan plan = make_plan(in, backend->plan_options());
+  const Inputs values = testing::values_only(in);
+  const auto err = experiments::compare_outputs(backend->run(plan, in),
+                                                reference::dense_attention<double>(values, validate(values)));
+  EXPECT_TRUE(err.ok()) << backend_name << " " << schedule << " on " << kind.first << " in " << dtype_name(dtype)
+                        << ": max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+}
+
+using StorageParam = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>, Dtype>;
+class VulkanStorageTest : public ::testing::TestWithParam<StorageParam> {};
+
+TEST_P(VulkanStorageTest, JitMatchesOracle) {
+  REQUIRE_VULKAN();
+  const auto& [schedule, kind, dtype] = GetParam();
+  check_storage("jit", schedule, kind, dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, VulkanStorageTest,
+                         ::testing::Combine(::testing::ValuesIn(vulkan_schedules()),
+                                            ::testing::ValuesIn(testing::case_kinds()),
+                                            ::testing::ValuesIn(testing::dtypes16())),
+                         testing::ScheduleKindDtypeName());
+
+// The generic 16-bit AOT variants (generated for vulkan_tiled and vulkan_onepass), by name.
+TEST(Vulkan, SixteenBitGenericAotVariants) {
+  REQUIRE_VULKAN();
+  for (const auto& kind : testing::case_kinds()) {
+    if (kind.first != "gqa_causal_long_kv" && kind.first != "empty_rows" && kind.first != "d72_block256_len232") continue;
+    for (const char* schedule : {"vulkan_tiled", "vulkan_onepass"}) {
+      for (Dtype t : testing::dtypes16()) check_storage("aot", schedule, kind, t, {{"variant", generic_variant(schedule, t)}});
+    }
+  }
+}
 
 // Without naming a variant, the most specific one that fits is chosen: the generic one for shapes
 // no specialised variant covers (D 72, block 256 here).

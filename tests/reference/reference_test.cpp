@@ -31,6 +31,87 @@ TEST_P(ReferenceTest, DirectAndDenseFloatMatchOracle) {
 INSTANTIATE_TEST_SUITE_P(CaseKinds, ReferenceTest, ::testing::ValuesIn(testing::case_kinds()),
                          [](const auto& info) { return info.param.first; });
 
+// The baselines read 16-bit storage: direct and dense in each 16-bit dtype on every case kind,
+// against the oracle computed from the values (values_only: never the bits).
+class ReferenceStorageTest
+    : public ::testing::TestWithParam<std::tuple<std::pair<std::string, experiments::CaseSpec>, Dtype>> {};
+
+TEST_P(ReferenceStorageTest, DirectAndDenseMatchOracle) {
+  experiments::CaseSpec spec = std::get<0>(GetParam()).second;
+  spec.dtype = std::get<1>(GetParam());
+  const Inputs in = experiments::make_case(spec);
+  const Inputs values = testing::values_only(in);
+  const Plan plan = make_plan(in, {5});
+  const Outputs ref = reference::dense_attention<double>(values, validate(values));
+  for (const char* name : {"direct", "dense"}) {
+    auto backend = std::string(name) == "direct" ? reference::make_direct_backend({})
+                                                 : reference::make_dense_backend({});
+    const auto err = experiments::compare_outputs(backend->run(plan, in), ref);
+    EXPECT_TRUE(err.ok()) << name << " in " << dtype_name(spec.dtype) << ": max|out err| " << err.max_out_err
+                          << " max|lse err| " << err.max_lse_err;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CaseKindsXDtype, ReferenceStorageTest,
+                         ::testing::Combine(::testing::ValuesIn(testing::case_kinds()), ::testing::ValuesIn(testing::dtypes16())),
+                         [](const auto& info) { return std::get<0>(info.param).first + "_" + dtype_name(std::get<1>(info.param)); });
+
+// Rounding to 16 bits: nearest, ties to even, with subnormals, overflow and NaN; and back exactly.
+TEST(Dtype, RoundingAndWidening) {
+  // float16: 1 + 2^-11 is a tie between 1 and 1 + 2^-10: even (1). 1 + 3 * 2^-11 rounds up.
+  EXPECT_EQ(float_to_half(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3C00);
+  EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);
+  EXPECT_EQ(float_to_half(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_half(65520.0f), 0x7C00);  // the tie past the largest half: infinity
+  EXPECT_EQ(float_to_half(65519.0f), 0x7BFF);
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);  // its half: tie to even (0)
+  EXPECT_EQ(float_to_half(std::ldexp(3.0f, -26)), 0x0001);
+  EXPECT_EQ(float_to_half(std::ldexp(1023.0f, -24)), 0x03FF);  // largest subnormal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
+  EXPECT_EQ(float_to_half(INFINITY), 0x7C00);
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(NAN))));
+  // bfloat16: the upper half, rounded.
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);      // tie: even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);  // tie: even (up)
+  EXPECT_EQ(float_to_bf16(-3.0f), 0xC040);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(float_to_bf16(3.4e38f), 0x7F80);  // past bfloat16's largest finite value: infinity
+  // Every 16-bit pattern widens and rounds back to itself (NaNs to a NaN).
+  std::vector<uint16_t> all(65536);
+  for (uint32_t b = 0; b < 65536; ++b) all[b] = static_cast<uint16_t>(b);
+  std::vector<float> wide(65536);
+  widen(Dtype::kFloat16, all.data(), 65536, wide.data());
+  for (uint32_t b = 0; b < 65536; ++b) {
+    ASSERT_EQ(std::isnan(wide[b]), std::isnan(half_to_float(all[b]))) << b;
+    if (std::isnan(wide[b])) continue;
+    ASSERT_EQ(wide[b], half_to_float(all[b])) << b;  // the F16C path against the portable one
+    ASSERT_EQ(float_to_half(wide[b]), all[b]) << b;
+  }
+  widen(Dtype::kBFloat16, all.data(), 65536, wide.data());
+  for (uint32_t b = 0; b < 65536; ++b) {
+    if (std::isnan(wide[b])) continue;
+    ASSERT_EQ(float_to_bf16(wide[b]), all[b]) << b;
+  }
+}
+
+// store_as keeps bits and values in agreement, and a round trip through a case folder keeps both.
+TEST(Dtype, StoreAsKeepsValuesAndBitsTogether) {
+  experiments::CaseSpec spec = testing::case_kinds()[0].second;
+  for (Dtype t : testing::dtypes16()) {
+    spec.dtype = t;
+    const Inputs in = experiments::make_case(spec);
+    ASSERT_EQ(in.k_bits.data.size(), in.k_pages.data.size());
+    for (size_t i = 0; i < in.k_bits.data.size(); ++i) {
+      const float w = t == Dtype::kFloat16 ? half_to_float(in.k_bits.data[i]) : bf16_to_float(in.k_bits.data[i]);
+      ASSERT_EQ(w, in.k_pages.data[i]) << i;
+    }
+  }
+}
+
 TEST(Reference, EmptyRowsGiveZerosAndNegInf) {
   experiments::CaseSpec s;
   s.qo = {3};
