@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -104,7 +105,10 @@ void widen(Dtype t, const void* src, int64_t n, float* dst) {
     return;
   }
 #if defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("f16c");
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_AVX) && (c & bit_OSXSAVE);
+  }();
   if (f16c) return widen_half_f16c(s, n, dst);
 #endif
   for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(s[i]);

@@ -3,7 +3,9 @@
 // (after the NUL) is one selector byte and the bytes of one replaced file:
 //   selector % 8 = 0..6: q, k_pages, v_pages, selected, block_tables, cu_seqlens_q, used_kv_lens
 //   selector % 8 = 7: used_kv_lens.npy removed
-// The other files come from a small valid case written once at start-up. Only the project's
+//   selector / 8 % 3: the baseline's storage dtype (float32, float16, bfloat16; float32 without
+//   a selector)
+// The other files come from a small valid case written once at start-up, in each dtype. Only the project's
 // typed errors may come out.
 #include <cstring>
 
@@ -25,18 +27,25 @@ struct Baseline {
   std::vector<std::string> bytes;  // per kFiles entry
 };
 
-const Baseline& baseline() {
-  static const Baseline b = [] {
+Baseline make_baseline(Dtype dtype) {
+  {
     Baseline b;
-    b.dir = fuzz::scratch_dir("fuzz_case_json");
-    save_case(b.dir.string(), fuzz::tiny_case());
+    b.dir = fuzz::scratch_dir("fuzz_case_json_" + dtype_name(dtype));
+    Inputs in = fuzz::tiny_case();
+    in.store_as(dtype);
+    save_case(b.dir.string(), in);
     for (const char* name : kFiles) {
       std::ifstream f(b.dir / (std::string(name) + ".npy"), std::ios::binary);
       b.bytes.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     }
     return b;
-  }();
-  return b;
+  }
+}
+
+const Baseline& baseline(int dtype) {
+  static const Baseline bases[3] = {make_baseline(Dtype::kFloat32), make_baseline(Dtype::kFloat16),
+                                    make_baseline(Dtype::kBFloat16)};
+  return bases[dtype % 3];
 }
 
 void restore(const Baseline& b) {
@@ -49,9 +58,9 @@ void restore(const Baseline& b) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const Baseline& b = baseline();
   const uint8_t* nul = static_cast<const uint8_t*>(std::memchr(data, 0, size));
   const size_t json_size = nul ? static_cast<size_t>(nul - data) : size;
+  const Baseline& b = baseline(nul && json_size + 1 < size ? data[json_size + 1] / 8 : 0);
   restore(b);
   fuzz::write_file(b.dir / "case.json", data, json_size);
   if (nul && json_size + 1 < size) {

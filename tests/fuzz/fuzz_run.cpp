@@ -3,7 +3,8 @@
 // (SPEC §2 tolerance |err| <= 2e-4 + 2e-4 max|ref|), and against SPEC's empty-row rule: a
 // (query, head) that attends nothing gives out = 0 and lse = -inf; every other row is finite.
 // The JIT compiles once per (schedule, D, page, block, qhead, T), so those come from a small menu
-// (6 specialisations, compiled on first use and cached in process).
+// (6 specialisations, compiled on first use and cached in process), each in the three storage
+// dtypes (the backends read float16 / bfloat16 bits; the oracle reads their values).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cmath>
@@ -89,6 +90,8 @@ Inputs fuzzed_valid_inputs(FuzzedDataProvider& fdp, const Shape& s) {
   for (auto* t : {&in.q, &in.k_pages, &in.v_pages}) {
     for (float& x : t->data) x = value(fdp, amplitude);
   }
+  // SPEC section 1: any of the three storage dtypes (the values rounded to it).
+  in.store_as(fdp.PickValueInArray<Dtype>({Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}));
   return in;
 }
 
@@ -164,7 +167,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const InputError& e) {
     FUZZ_CHECK(false, "the generator made invalid inputs: %s", e.what());
   }
-  const Outputs ref = reference::dense_attention<double>(in, plan.problem);
+  Inputs values = in;  // the oracle reads the values, never the 16-bit bits the backends read
+  values.store_as(Dtype::kFloat32);
+  const Outputs ref = reference::dense_attention<double>(values, validate(values));
   const Outputs direct = reference::make_direct_backend({})->run(plan, in);
   const Outputs jitted = jit.run(plan, in);
   expect_spec_rows(in, plan.problem, ref, "oracle");

@@ -93,6 +93,13 @@ def case_json_seeds():
     bf = json.dumps({**valid, "dtype": "bfloat16"}).encode() + b"\0"
     write("fuzz_case_json", "q_bf16_mixed", bf + bytes([0]) + npy_bytes(np.zeros((5, 2, 4), dtype="<u2")))
     write("fuzz_case_json", "q_f16_mixed", base + bytes([0]) + npy_bytes(np.zeros((5, 2, 4), dtype="<f2")))
+    # The float16 and bfloat16 baselines (selector / 8 = 1, 2): whole 16-bit cases, valid, and with
+    # float32 K against 16-bit q and V.
+    f16 = json.dumps({**valid, "dtype": "float16"}).encode() + b"\0"
+    write("fuzz_case_json", "f16_case", f16 + bytes([8 + 7]))
+    write("fuzz_case_json", "bf16_case", bf + bytes([16 + 7]))
+    write("fuzz_case_json", "bf16_k_f32", bf + bytes([16 + 1]) + npy_bytes(np.zeros((8, 2, 2, 4), dtype="<f4")))
+    write("fuzz_case_json", "f16_v_bf16_bits", f16 + bytes([8 + 2]) + npy_bytes(np.zeros((8, 2, 2, 4), dtype="<u2")))
 
 
 def random_seeds(target, count, rng):
