@@ -4,7 +4,8 @@
 // Each (backend, shape) is checked against the Eigen float64 oracle before it is timed (a wrong
 // result aborts the benchmark with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
-// in the same process, and the forward / combine split.
+// in the same process, and the forward / combine split. KVOUTER_BENCH_DTYPES adds each shape in
+// 16-bit storage (<shape>@float16, <shape>@bfloat16), with its ratio to float32 (x_float32).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -33,13 +34,36 @@ struct ShapeData {
   Outputs ref;
 };
 
-ShapeData& shape_data(const std::string& name) {
+// A shape key is a SPEC shape, or "<shape>@<dtype>" for the same shape stored in a 16-bit dtype.
+std::pair<std::string, Dtype> parse_shape_key(const std::string& key) {
+  const auto at = key.find('@');
+  Dtype t = Dtype::kFloat32;
+  if (at != std::string::npos && !parse_dtype(key.substr(at + 1), &t)) {
+    throw InputError("KVOUTER_BENCH_DTYPES", "float32, float16 or bfloat16", key.substr(at + 1));
+  }
+  return {key.substr(0, at), t};
+}
+
+// One shape's inputs at a time (the decode pool is 4.3 GB in float32): a new key frees the last.
+// The oracle reads the float values; for a 16-bit key the K/V values are then dropped, and the
+// backends read the bits.
+ShapeData& shape_data(const std::string& key) {
   static std::map<std::string, std::unique_ptr<ShapeData>> cache;
-  auto& slot = cache[name];
+  if (!cache.count(key)) cache.clear();
+  auto& slot = cache[key];
   if (!slot) {
+    const auto [shape, dtype] = parse_shape_key(key);
+    kx::CaseSpec spec = kx::named_shape(shape);
+    spec.dtype = dtype;
     slot = std::make_unique<ShapeData>();
-    slot->in = kx::make_case(kx::named_shape(name));
-    slot->ref = reference::dense_attention<double>(slot->in, validate(slot->in));
+    slot->in = kx::make_case(spec);
+    Inputs values = slot->in;
+    values.store_as(Dtype::kFloat32);
+    slot->ref = reference::dense_attention<double>(values, validate(values));
+    if (dtype != Dtype::kFloat32) {
+      slot->in.k_pages = Tensor<float>();
+      slot->in.v_pages = Tensor<float>();
+    }
   }
   return *slot;
 }
@@ -82,6 +106,12 @@ const kx::Roofline& roofline() {
 }
 
 std::map<std::string, double>& direct_seconds() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+// Seconds of each (backend, schedule, shape) in float32, for the 16-bit rows' x_float32.
+std::map<std::string, double>& float32_seconds() {
   static std::map<std::string, double> m;
   return m;
 }
@@ -130,6 +160,13 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   if (cfg.backend == "direct") direct_seconds()[shape] = secs;
   const auto it = direct_seconds().find(shape);
   if (it != direct_seconds().end()) state.counters["x_direct"] = it->second / secs;
+  const auto [base_shape, dtype] = parse_shape_key(shape);
+  const std::string row = cfg.backend + "/" + cfg.schedule + "/" + base_shape;
+  if (dtype == Dtype::kFloat32) {
+    float32_seconds()[row] = secs;
+  } else if (const auto f = float32_seconds().find(row); f != float32_seconds().end()) {
+    state.counters["x_float32"] = f->second / secs;
+  }
 }
 
 // A comma-separated list from the environment (an empty value: none), else the defaults.
@@ -150,7 +187,14 @@ std::vector<std::string> env_list(const char* name, std::vector<std::string> def
 
 int main(int argc, char** argv) {
   kx::register_all_backends();
-  const std::vector<std::string> shapes = env_list("KVOUTER_BENCH_SHAPES", {"tiny", "prefill", "decode"});
+  const std::vector<std::string> base_shapes = env_list("KVOUTER_BENCH_SHAPES", {"tiny", "prefill", "decode"});
+  // Storage dtypes: float32 first, so that each 16-bit row has its ratio to float32 (x_float32).
+  const std::vector<std::string> dtypes = env_list("KVOUTER_BENCH_DTYPES", {"float32"});
+  std::vector<std::string> shapes;
+  for (const auto& shape : base_shapes) {
+    for (const auto& dtype : dtypes) shapes.push_back(dtype == "float32" ? shape : shape + "@" + dtype);
+  }
+  for (const auto& key : shapes) parse_shape_key(key);  // an unknown dtype fails here, with its name
   // How to reproduce every row: revision, Halide version, target, and the command.
   benchmark::AddCustomContext("git_rev", kx::git_revision());
   benchmark::AddCustomContext("halide_version", kx::halide_version());
@@ -158,6 +202,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("host_target", halide::resolve_target("host"));
   benchmark::AddCustomContext("repro", "make build && build/bin/kvouter_bench --benchmark_out=FILE "
                                        "--benchmark_out_format=json (KVOUTER_BENCH_SHAPES=tiny,prefill,decode, "
+                                       "KVOUTER_BENCH_DTYPES=float32[,float16,bfloat16], "
                                        "KVOUTER_BENCH_PLAN_SHAPES=decode,gpu-decode)");
   benchmark::AddCustomContext("fp32_peak_gflops", std::to_string(roofline().fma_gflops));
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));

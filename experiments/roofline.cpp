@@ -108,7 +108,9 @@ Roofline measure_roofline(double seconds_per_probe) {
 }
 
 double roofline_bound_ms(const Plan& plan, const Inputs& in, const Roofline& r) {
-  const double bytes = plan.kv_unit_bytes() + 2.0 * static_cast<double>(in.q.numel()) * sizeof(float);
+  // K/V and q read at their storage size (SPEC section 5), out written in float32.
+  const double bytes = plan.kv_unit_bytes() +
+                       static_cast<double>(in.q.numel()) * (dtype_bytes(plan.problem.dtype) + sizeof(float));
   return std::max(plan.flops() / (r.fma_gflops * 1e6), bytes / (r.read_gbps * 1e6));
 }
 

@@ -54,7 +54,7 @@ void main_help() {
                "          [--max-ratio R]   time the AOT kernel a case selects against the JIT compile of\n"
                "      the same configuration, as run times them; exit 1 past R (default 1.15)\n"
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
-               "  make-case SHAPE DIR   write a SPEC section 5 shape as a case folder\n"
+               "  make-case SHAPE DIR [--dtype D]  write a SPEC section 5 shape as a case folder\n"
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
                "         [--tuned]   AOT-generate one configuration (generic, or specialised to a case's\n"
                "                     shape; --tuned takes the tuning database's winner for that case)\n"
@@ -82,8 +82,9 @@ bool command_help(const std::string& cmd) {
                   "takes more than R times the faster (default 1.15) or the outputs disagree\n"},
       {"roofline", "usage: kvouter roofline\n  measure this machine's FP32 FMA peak and read bandwidth; prints "
                    "one JSON line\n"},
-      {"make-case", "usage: kvouter make-case SHAPE DIR\n  write a SPEC section 5 shape (tiny, prefill, decode, "
-                    "gpu-prefill, gpu-decode) as a case folder\n"},
+      {"make-case", "usage: kvouter make-case SHAPE DIR [--dtype float32|float16|bfloat16]\n  write a SPEC section 5 "
+                    "shape (tiny, prefill, decode, gpu-prefill, gpu-decode) as a case folder, q, K and V stored in "
+                    "the dtype (default float32)\n"},
       {"export", "usage: kvouter export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR]\n"
                  "                      [--name N] [--tuned]\n  AOT-generate one configuration (generic, or "
                  "specialised to a case's shape; --tuned takes the tuning database's winner for that case)\n"},

@@ -16,9 +16,23 @@
 namespace kvouter::cli {
 
 int cmd_make_case(const std::vector<std::string>& args) {
-  if (args.size() != 2) throw UsageError("make-case: expected SHAPE DIR");
-  save_case(args[1], kx::make_case(kx::named_shape(args[0])));
-  std::printf("wrote %s to %s\n", args[0].c_str(), args[1].c_str());
+  std::vector<std::string> pos;
+  Dtype dtype = Dtype::kFloat32;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--dtype") {
+      if (i + 1 >= args.size()) throw UsageError("make-case: --dtype needs a value (float32, float16, bfloat16)");
+      if (!parse_dtype(args[++i], &dtype)) {
+        throw UsageError("make-case: --dtype: expected float32, float16 or bfloat16, got '" + args[i] + "'");
+      }
+    } else {
+      pos.push_back(args[i]);
+    }
+  }
+  if (pos.size() != 2) throw UsageError("make-case: expected SHAPE DIR [--dtype DTYPE]");
+  kx::CaseSpec spec = kx::named_shape(pos[0]);
+  spec.dtype = dtype;  // SPEC section 5: the same shape, q, K and V rounded to the dtype
+  save_case(pos[1], kx::make_case(spec));
+  std::printf("wrote %s (%s) to %s\n", pos[0].c_str(), dtype_name(dtype).c_str(), pos[1].c_str());
   return 0;
 }
 

@@ -266,7 +266,7 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
 
 double Plan::kv_unit_bytes() const {
   return 2.0 * static_cast<double>(index.num_units()) * static_cast<double>(problem.block_size) *
-         static_cast<double>(problem.D) * sizeof(float);
+         static_cast<double>(problem.D) * dtype_bytes(problem.dtype);
 }
 
 int64_t auto_tile_edges(const KvIndex& ix) {

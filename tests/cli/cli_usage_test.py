@@ -55,6 +55,21 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and "time_ms=" in r.stdout, "--warmup-ms runs")
     r = run("run", case, "--out", out)
     expect(r.returncode == 0 and "backend=" in r.stdout and "gflops=" in r.stdout, "default run prints a summary")
+    # A shape in 16-bit storage: the files in the dtype (bfloat16 as '<u2' bits with case.json's key),
+    # run by the default backend and by direct; an unknown dtype is a usage error.
+    for dtype, descr in (("float16", "<f2"), ("bfloat16", "<u2")):
+        case16 = os.path.join(tmp, "case_" + dtype)
+        r = run("make-case", "tiny", case16, "--dtype", dtype)
+        expect(r.returncode == 0, "make-case tiny --dtype " + dtype)
+        with open(os.path.join(case16, "k_pages.npy"), "rb") as f:
+            expect(("'descr': '%s'" % descr).encode() in f.read(128), dtype + " K stored as " + descr)
+        with open(os.path.join(case16, "case.json")) as f:
+            expect(json.load(f).get("dtype") == dtype, "case.json names " + dtype)
+        for backend in ("jit", "aot", "direct", "dense"):
+            r = run("run", case16, "--out", os.path.join(tmp, "out_" + dtype), "--backend", backend)
+            expect(r.returncode == 0 and "time_ms=" in r.stdout, dtype + " case runs through " + backend + ": " + r.stderr)
+    r = run("make-case", "tiny", os.path.join(tmp, "bad"), "--dtype", "int8")
+    expect(r.returncode == 2 and "--dtype" in r.stderr, "make-case --dtype int8 exits 2")
     # An autoscheduled GPU twin with a known wrong result on this case: an error, never the result.
     if "host-vulkan" in run("run", "--help").stdout:
         out_twin = os.path.join(tmp, "out_twin")
