@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
 #include "kvouter/plan.h"
+#include "kvouter/pool_memory.h"
 #include "provenance.h"
 #include "registry.h"
 #include "roofline.h"
@@ -32,7 +34,16 @@ namespace {
 struct ShapeData {
   Inputs in;
   Outputs ref;
+  // K and V in pool memory (kvouter/pool_memory.h), as an engine holds them, unless
+  // KVOUTER_BENCH_POOL=vector (the case's own std::vector); every backend reads `view`.
+  PoolMemory k_pool, v_pool;
+  InputsView view;
 };
+
+bool pool_on_huge_pages() {
+  const char* v = std::getenv("KVOUTER_BENCH_POOL");
+  return !v || std::string(v) != "vector";
+}
 
 // A shape key is a SPEC shape, or "<shape>@<dtype>" for the same shape stored in a 16-bit dtype.
 std::pair<std::string, Dtype> parse_shape_key(const std::string& key) {
@@ -63,6 +74,15 @@ ShapeData& shape_data(const std::string& key) {
     if (dtype != Dtype::kFloat32) {
       slot->in.k_pages = Tensor<float>();
       slot->in.v_pages = Tensor<float>();
+    }
+    slot->view = slot->in;
+    if (pool_on_huge_pages()) {
+      for (auto [pool, sv] : {std::pair{&slot->k_pool, &slot->view.k_pages}, {&slot->v_pool, &slot->view.v_pages}}) {
+        const size_t bytes = static_cast<size_t>(sv->numel() * sv->element_bytes());
+        *pool = PoolMemory(bytes);
+        std::memcpy(pool->data(), sv->data, bytes);
+        sv->data = pool->data();
+      }
     }
   }
   return *slot;
@@ -125,10 +145,10 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
     state.SkipWithError(e.what());
     return;
   }
-  Plan plan = make_plan(data.in, backend->plan_options());
+  Plan plan = make_plan(data.view, backend->plan_options());
   Outputs out;
   try {
-    out = backend->run(plan, data.in);  // warm-up (and JIT compile), then check
+    out = backend->run(plan, data.view);  // warm-up (and JIT compile), then check
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
@@ -140,7 +160,7 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   }
   double fwd = 0, comb = 0;
   for (auto _ : state) {
-    out = backend->run(plan, data.in);
+    out = backend->run(plan, data.view);
     const auto& t = backend->last_timing();
     state.SetIterationTime((t.forward_ms + t.combine_ms) / 1e3);
     fwd += t.forward_ms;
@@ -156,7 +176,19 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   state.counters["compile_ms"] = backend->last_timing().compile_ms;
   state.counters["kv_GB/s"] = plan.kv_unit_bytes() / secs / 1e9;
   state.counters["pct_roofline"] = 100.0 * kx::roofline_bound_ms(plan, data.in, roofline()) / 1e3 / secs;
+  // The paged bound: the K/V bytes at the read bandwidth of chunks the size of one page's slice
+  // (page_size x D x storage bytes) at random places, measured once per chunk size.
+  const Problem& pb = plan.problem;
+  const size_t chunk = static_cast<size_t>(pb.page_size * pb.D * dtype_bytes(pb.dtype));
+  static std::map<size_t, double> paged_gbps;
+  if (!paged_gbps.count(chunk)) paged_gbps[chunk] = kx::paged_read_gbps(chunk);
+  state.counters["paged_read_GB/s"] = paged_gbps[chunk];
+  state.counters["pct_paged_bound"] = 100.0 * plan.kv_unit_bytes() / (paged_gbps[chunk] * 1e9) / secs;
   state.counters["max_err"] = err.max_out_err;
+  if (data.k_pool.bytes() > 0) {
+    state.counters["pool_huge_pct"] = 100.0 * static_cast<double>(data.k_pool.huge_bytes() + data.v_pool.huge_bytes()) /
+                                      static_cast<double>(data.k_pool.bytes() + data.v_pool.bytes());
+  }
   if (cfg.backend == "direct") direct_seconds()[shape] = secs;
   const auto it = direct_seconds().find(shape);
   if (it != direct_seconds().end()) state.counters["x_direct"] = it->second / secs;

@@ -1,9 +1,13 @@
 #include "roofline.h"
 
+#include "kvouter/pool_memory.h"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
+#include <random>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -105,6 +109,48 @@ Roofline measure_roofline(double seconds_per_probe) {
       },
       5);
   return r;
+}
+
+double paged_read_gbps(size_t chunk_bytes, size_t pool_bytes, int reps) {
+  const size_t chunk = std::max<size_t>(chunk_bytes / (4 * kLanes * sizeof(float)), 1) * 4 * kLanes * sizeof(float);
+  PoolMemory pool(pool_bytes);
+  auto* base = static_cast<float*>(pool.data());
+#pragma omp parallel for
+  for (size_t i = 0; i < pool_bytes / sizeof(float); ++i) base[i] = static_cast<float>(i & 7);
+  const size_t chunks = pool_bytes / chunk;
+  std::vector<size_t> order(chunks);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  const size_t per_rep = std::min<size_t>(chunks, (size_t{256} << 20) / chunk);  // 256 MiB a repetition
+  volatile double sink = 0;
+  int rep = 0;
+  return median_rate(
+      [&] {
+        const size_t first = static_cast<size_t>(rep++) * per_rep;
+        const auto t0 = std::chrono::steady_clock::now();
+        double acc = 0;
+#pragma omp parallel reduction(+ : acc)
+        {
+          vf a0{}, a1{}, a2{}, a3{};
+#pragma omp for schedule(dynamic, 16)
+          for (size_t c = 0; c < per_rep; ++c) {
+            const float* p = base + order[(first + c) % chunks] * (chunk / sizeof(float));
+            for (size_t i = 0; i < chunk / sizeof(float); i += 4 * kLanes) {
+              vf x0, x1, x2, x3;
+              std::memcpy(&x0, p + i, sizeof(vf));
+              std::memcpy(&x1, p + i + kLanes, sizeof(vf));
+              std::memcpy(&x2, p + i + 2 * kLanes, sizeof(vf));
+              std::memcpy(&x3, p + i + 3 * kLanes, sizeof(vf));
+              a0 += x0; a1 += x1; a2 += x2; a3 += x3;
+            }
+          }
+          acc += (a0 + a1 + a2 + a3)[0];
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        sink = sink + acc;
+        return static_cast<double>(per_rep * chunk) / s / 1e9;
+      },
+      reps);
 }
 
 double roofline_bound_ms(const Plan& plan, const Inputs& in, const Roofline& r) {

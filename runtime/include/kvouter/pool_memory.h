@@ -1,0 +1,37 @@
+// Host memory for a KV pool: what an engine allocates its paged K and V in, and what the CLI and
+// the benchmarks read cases into.
+//
+// A decode step reads each selected block from a few pages scattered over a pool of gigabytes.
+// On 4 KiB pages nearly every such page is a TLB miss whose page walk itself misses the caches,
+// and the hardware prefetchers stop at each 4 KiB boundary; on 2 MiB pages neither happens
+// (SPEC decode: experiments/results/cpu/2026-12-01/hugepages.md).
+#pragma once
+
+#include <cstddef>
+
+namespace kvouter {
+
+// 2 MiB-aligned anonymous memory, zero-filled, advised for transparent huge pages
+// (MADV_HUGEPAGE) before it is first touched. The kernel gives huge pages where it can (THP
+// "always" or "madvise"), and 4 KiB pages otherwise: the memory is valid either way.
+class PoolMemory {
+ public:
+  PoolMemory() = default;
+  explicit PoolMemory(size_t bytes);  // throws std::bad_alloc when the mapping fails
+  PoolMemory(PoolMemory&& o) noexcept;
+  PoolMemory& operator=(PoolMemory&& o) noexcept;
+  PoolMemory(const PoolMemory&) = delete;
+  PoolMemory& operator=(const PoolMemory&) = delete;
+  ~PoolMemory();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  // Bytes of this mapping backed by huge pages now (from /proc/self/smaps; 0 where unknown).
+  size_t huge_bytes() const;
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0, mapped_ = 0;
+};
+
+}  // namespace kvouter
