@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@ namespace kvouter::cli {
 int cmd_export(const std::vector<std::string>& a) {
   std::string schedule = kx::default_cpu_schedule(), target = "host", out, name, from_case;
   bool tuned = false;
+  std::optional<Dtype> dtype;
   std::map<std::string, std::string> params;
   for (size_t i = 0; i < a.size(); ++i) {
     auto value = [&] { return option_value(a, i); };
@@ -33,6 +35,12 @@ int cmd_export(const std::vector<std::string>& a) {
     else if (a[i] == "--name") name = value();
     else if (a[i] == "--from-case") from_case = value();
     else if (a[i] == "--tuned") tuned = true;
+    else if (a[i] == "--dtype") {
+      Dtype t;
+      const std::string d = value();
+      if (!parse_dtype(d, &t)) throw UsageError("export: --dtype: expected float32, float16 or bfloat16, got '" + d + "'");
+      dtype = t;
+    }
     else if (a[i] == "--param") add_param(value(), &params);
     else {
       throw UsageError("export: unknown argument '" + a[i] + "'");
@@ -57,12 +65,17 @@ int cmd_export(const std::vector<std::string>& a) {
     // Autoscheduled twins are generated for the case's real extents (as the JIT does).
     if (!info->autoscheduler.empty()) spec = spec.with_extents(plan);
   }
-  if (name.empty()) {
-    name = "kvouter_" + schedule + (spec.D ? "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) +
-                                                 "_b" + std::to_string(spec.block_size) + "_q" +
-                                                 std::to_string(spec.qhead) + "_t" + std::to_string(spec.T)
-                                           : std::string("_generic"));
+  if (dtype) {
+    if (!from_case.empty() && *dtype != spec.dtype) {
+      throw UsageError("export: --dtype " + dtype_name(*dtype) + " contradicts the case's " + dtype_name(spec.dtype));
+    }
+    spec.dtype = *dtype;
   }
+  // The build's naming rule (halide::variant_name), with the knobs given on the command line.
+  if (name.empty()) name = halide::variant_name(schedule, target, spec, {params.begin(), params.end()});
+  // 16-bit loads on Vulkan need the device's 16-bit types (as the JIT and the build add them).
+  if (is_vulkan_target(target) && spec.dtype == Dtype::kFloat16) target += "-vk_float16-vk_int16";
+  if (is_vulkan_target(target) && spec.dtype == Dtype::kBFloat16) target += "-vk_int16";
   std::filesystem::create_directories(out);
   std::string autos;
   if (!info->autoscheduler.empty()) {
@@ -88,7 +101,8 @@ int cmd_export(const std::vector<std::string>& a) {
     std::printf("%s\n", cmd.c_str());
     if (std::system(cmd.c_str()) != 0) throw BackendError("export: the generator failed for " + fn);
   };
-  std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size);
+  std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size) +
+                          " storage=" + dtype_name(spec.dtype);
   for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
   gen("kvouter_forward", name + "_fwd", fwd_extra + est_fwd);
   gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);

@@ -5,6 +5,7 @@
 #include <HalideBuffer.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <chrono>
 #include <functional>
@@ -290,6 +291,25 @@ std::string Specialization::str() const {
   if (dtype != Dtype::kFloat32) os << ",storage=" << dtype_name(dtype);
   if (tq) os << ",est_tq=" << tq << ",est_hq=" << hq << ",est_hkv=" << hkv << ",est_pages=" << pages << ",est_tiles=" << tiles << ",est_topk=" << topk;
   return os.str();
+}
+
+std::string variant_name(const std::string& schedule, const std::string& target, const Specialization& spec,
+                         const std::vector<std::pair<std::string, std::string>>& knobs) {
+  std::string name = "kvouter_" + schedule;
+  if (spec.D == 0 && spec.page_size == 0 && spec.block_size == 0 && spec.qhead == 0 && spec.T == 0) {
+    name += "_generic";
+  } else {
+    name += "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) + "_b" + std::to_string(spec.block_size) +
+            "_q" + std::to_string(spec.qhead) + "_t" + std::to_string(spec.T);
+  }
+  std::string suffix;
+  if (target != "host") suffix += "_" + target;
+  for (const auto& [k, v] : knobs) suffix += "_" + k + "_" + v;
+  if (spec.dtype != Dtype::kFloat32) suffix += "_storage_" + dtype_name(spec.dtype);
+  for (char& c : suffix) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name + suffix;
 }
 
 const std::vector<std::string>& knob_names() {

@@ -146,8 +146,15 @@ with tempfile.TemporaryDirectory() as tmp:
     names = sorted(os.listdir(tmp))
     expect(r.returncode == 0 and all(any(n.endswith(sfx) for n in names) for sfx in
            ["_fwd.a", "_fwd.h", "_fwd.stmt", "_comb.a", "_comb.h", "_comb.stmt"]), f"export writes library, header, stmt: {names}")
+    expect("kvouter_cpu_simple_generic_chunk_32_fwd.a" in names, f"export names its output as the build does: {names}")
     r = run("export", "--out", tmp, "--schedule", "nope")
     expect(r.returncode == 2 and "schedule" in r.stderr, "export of an unknown schedule exits 2")
+    # A 16-bit configuration: the forward takes bfloat16 bits (its header says uint16 inputs).
+    r = run("export", "--out", tmp, "--schedule", "cpu_tiled", "--dtype", "bfloat16")
+    hdr = os.path.join(tmp, "kvouter_cpu_tiled_generic_storage_bfloat16_fwd.h")
+    expect(r.returncode == 0 and os.path.exists(hdr), f"export --dtype bfloat16: {sorted(os.listdir(tmp))}")
+    r = run("export", "--out", tmp, "--dtype", "int4")
+    expect(r.returncode == 2 and "--dtype" in r.stderr, "export --dtype int4 exits 2")
 
 with tempfile.TemporaryDirectory() as tmp:
     db, log = os.path.join(tmp, "db.json"), os.path.join(tmp, "log.jsonl")

@@ -112,6 +112,25 @@ TEST(Aot, SixteenBitShapesPickTheirVariants) {
   }
 }
 
+// CMake names every configuration as halide::variant_name does (kvouter export uses the latter).
+TEST(Aot, VariantNamesFollowOneRule) {
+  experiments::register_all_backends();
+  ASSERT_FALSE(halide::aot_variants().empty());
+  for (const auto& v : halide::aot_variants()) {
+    std::vector<std::pair<std::string, std::string>> knobs;
+    std::string rest = v.knobs;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string kv = rest.substr(0, comma);
+      const auto eq = kv.find('=');
+      ASSERT_NE(eq, std::string::npos) << v.name << ": " << v.knobs;
+      knobs.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    }
+    EXPECT_EQ(halide::variant_name(v.schedule, v.target, v.spec, knobs), v.name);
+  }
+}
+
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));

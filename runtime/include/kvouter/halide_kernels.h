@@ -41,6 +41,14 @@ struct Specialization {
   std::string str() const;
 };
 
+// The name of a generated variant: kvouter_<schedule>_<generic | dD_pP_bB_qQ_tT>, then _<target> for
+// a target other than "host", _<knob>_<value> for each knob given (in the order given), and
+// _storage_<dtype> for 16-bit storage; every other character than [A-Za-z0-9_] becomes '_'.
+// generators/CMakeLists.txt names KVOUTER_AOT_CONFIGS the same way (aot_test checks every
+// registered variant), and `kvouter export` names its output so.
+std::string variant_name(const std::string& schedule, const std::string& target, const Specialization& spec,
+                         const std::vector<std::pair<std::string, std::string>>& knobs);
+
 // The knobs a schedule understands, as GeneratorParams (name -> value). T is the plan's tile size.
 const std::vector<std::string>& knob_names();
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
