@@ -6,6 +6,10 @@
 //   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
+//                     [--dtypes float32,bfloat16,float16]
+//
+// --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
+// ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
 //
 // Each schedule runs its default variant for the shape (the first generated); --all-variants runs
 // every generated variant that fits (the knob points of generators/CMakeLists.txt).
@@ -95,7 +99,7 @@ json errors_json(const Outputs& got, const Outputs& ref) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_onepass", "vulkan_tiled", "vulkan_fused", "vulkan_rows"};
-  std::vector<std::string> targets = {"host-vulkan"};
+  std::vector<std::string> targets = {"host-vulkan"}, dtypes = {"float32"};
   int reps = 5;
   double warmup_ms = 2000;
   bool check = true, all_variants = false, generic_variants = false;
@@ -116,8 +120,21 @@ int run(int argc, char** argv) {
     else if (a == "--all-variants") all_variants = true;
     else if (a == "--variants-generic") generic_variants = true;
     else if (a == "--targets") targets = split(next());
-    else throw InputError("argument", "--shapes/--schedules/--targets/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check", a);
+    else if (a == "--dtypes") dtypes = split(next());
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check", a);
   }
+  std::vector<std::pair<std::string, Dtype>> shape_dtypes;  // (shape, dtype), float32 first
+  std::stable_sort(dtypes.begin(), dtypes.end(), [](const std::string& a, const std::string& b) {
+    return (a == "float32") > (b == "float32");
+  });
+  for (const auto& shape : shapes) {
+    for (const auto& d : dtypes) {
+      Dtype t;
+      if (!parse_dtype(d, &t)) throw InputError("--dtypes", "float32, float16 or bfloat16", d);
+      shape_dtypes.emplace_back(shape, t);
+    }
+  }
+  std::map<std::string, double> float32_ms;  // shape/key -> the float32 run's kernel ms
   halide::register_generated_aot_kernels();
   std::string device_name;
   for (const auto& target : targets) {
@@ -144,7 +161,9 @@ int run(int argc, char** argv) {
               {"spirv_stage", spirv::stage_enabled() ? "on" : "off"},
               {"vk_robust_access", spirv::robust_access() ? "on" : "off"},
               {"results", json::array()}};
-  for (const auto& shape : shapes) {
+  for (const auto& [shape_name, dtype] : shape_dtypes) {
+    const std::string& shape = shape_name;
+    const std::string label = dtype == Dtype::kFloat32 ? shape : shape + "@" + dtype_name(dtype);
     const auto t0 = std::chrono::steady_clock::now();
     // Only the pages a selection reaches (CaseSpec::reachable_pages_only): gpu-decode's full pool
     // (2 x 17 GB) exceeds one Vulkan storage buffer (4 GiB on the H200) and Halide 21's int32
@@ -152,13 +171,15 @@ int run(int argc, char** argv) {
     // minute of device time per run.
     CaseSpec spec = named_shape(shape);
     spec.reachable_pages_only = true;
+    spec.dtype = dtype;
     const Inputs in = make_case(spec);
     const int64_t pool_pages = in.block_tables.numel();  // one physical page per logical page
     const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "%s: generated in %.1f s; K/V pool %lld -> %lld pages\n", shape.c_str(), gen_s,
+    std::fprintf(stderr, "%s: generated in %.1f s; K/V pool %lld -> %lld pages\n", label.c_str(), gen_s,
                  static_cast<long long>(pool_pages), static_cast<long long>(in.k_pages.shape[0]));
-    if (!case_dir.empty()) save_case(case_dir + "/" + shape, in);
-    json shape_doc = {{"shape", shape}, {"pool_pages", pool_pages}, {"reachable_pages", in.k_pages.shape[0]}};
+    if (!case_dir.empty()) save_case(case_dir + "/" + label, in);
+    json shape_doc = {{"shape", shape}, {"dtype", dtype_name(dtype)}, {"pool_pages", pool_pages},
+                      {"reachable_pages", in.k_pages.shape[0]}};
     Outputs baseline;
     bool have_baseline = false;
     auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
@@ -174,7 +195,7 @@ int run(int argc, char** argv) {
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
       have_baseline = true;
       shape_doc["direct_cpu_ms"] = ms;
-      std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", shape.c_str(), std::thread::hardware_concurrency(), ms);
+      std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", label.c_str(), std::thread::hardware_concurrency(), ms);
     }
     // The first GPU run's outputs, which every later run is compared with (only the first:
     // gpu-prefill's outputs are 1 GB each).
@@ -231,6 +252,11 @@ int run(int argc, char** argv) {
                   {"kv_bytes", kv_bytes},
                   {"kv_tbps", kv_bytes / ms / 1e9},
                   {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
+        if (dtype == Dtype::kFloat32) {
+          float32_ms[shape + "/" + key] = ms;
+        } else if (auto f = float32_ms.find(shape + "/" + key); f != float32_ms.end()) {
+          r["x_float32"] = f->second / ms;
+        }
         if (have_baseline) r["vs_direct"] = errors_json(t.out, baseline);
         if (!first_key.empty()) r["vs_" + first_key] = errors_json(t.out, first_out);
         // Against direct where the shape has that baseline, else against the first run (whose
@@ -241,17 +267,17 @@ int run(int argc, char** argv) {
                 ? (r["vs_" + first_key]["within_tolerance"].get<bool>() ? "matches " : "DIFFERS from ") + first_key
                 : std::string("the reference of the runs after it");
         std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
-                     shape.c_str(), key.c_str(), ms, t.timed.forward_ms, t.timed.combine_ms, flops / ms / 1e9,
+                     label.c_str(), key.c_str(), ms, t.timed.forward_ms, t.timed.combine_ms, flops / ms / 1e9,
                      100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
                      check.c_str());
         if (first_key.empty()) {
-          if (!case_dir.empty()) save_outputs(case_dir + "/" + shape + "/kvouter_" + schedule, t.out);
+          if (!case_dir.empty()) save_outputs(case_dir + "/" + label + "/kvouter_" + schedule, t.out);
           first_key = key;
           first_out = std::move(t.out);
         }
       } catch (const std::exception& e) {
         r["error"] = e.what();
-        std::fprintf(stderr, "%s %s: ERROR %s\n", shape.c_str(), key.c_str(), e.what());
+        std::fprintf(stderr, "%s %s: ERROR %s\n", label.c_str(), key.c_str(), e.what());
       }
       shape_doc["runs"].push_back(r);
       if (!json_path.empty()) {  // after each run: a time limit keeps what finished
