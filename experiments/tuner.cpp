@@ -83,10 +83,9 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
   if (shape.decode ? T > 2 : (T != 0 && T < 8)) return false;
   if (gpu) {
     if (c.schedule == "vulkan_fused") {
-      // Shared memory: the (o, m, l) state, the query rows and the scores of `rows` rows, and
-      // the K and V chunk (schedules/vulkan_fused.cpp): about 4 x (4 rows D + 2 chunk D) bytes.
-      const uint64_t shared = 4 * static_cast<uint64_t>(shape.D) * (4 * rows + 2 * chunk);
-      return chunk <= shape.block_size && unroll == 4 && shared <= max_shared_bytes;
+      // Within the device's shared memory per workgroup (the schedule's own formula).
+      const int64_t shared = pipeline::vulkan_fused_shared_bytes(int(rows), int(shape.D), int(chunk));
+      return chunk <= shape.block_size && unroll == 4 && shared <= static_cast<int64_t>(max_shared_bytes);
     }
     if (c.schedule == "vulkan_onepass") {
       // The block is one chunk; the workgroup's shared memory as Halide allocates it

@@ -62,6 +62,9 @@ void register_accumulator(Halide::Func acc, const Halide::LoopLevel& at, Halide:
 // and the shared memory of one workgroup as Halide 21 allocates it (vulkan_onepass.cpp); the
 // tuner prunes with the latter.
 int vulkan_onepass_slice(int D, int block, int slice = 0);
+// vulkan_fused: the shared memory of one workgroup, about 4 x (4 rows D + 2 chunk D) bytes (the
+// query rows, the state, the K and V chunk; vulkan_fused.cpp); the tuner prunes with it.
+int64_t vulkan_fused_shared_bytes(int rows, int D, int chunk);
 int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice = 0);
 
 }  // namespace kvouter::pipeline

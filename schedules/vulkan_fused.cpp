@@ -25,6 +25,10 @@
 
 namespace kvouter::pipeline {
 
+int64_t vulkan_fused_shared_bytes(int rows, int D, int chunk) {
+  return 4 * int64_t(D) * (4 * int64_t(rows) + 2 * int64_t(chunk));
+}
+
 using namespace Halide;
 
 void vulkan_fused_forward(ForwardFuncs& f, const Knobs& k, const Target&) {

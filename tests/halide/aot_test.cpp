@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "case_kinds.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/aot.h"
 #include "kvouter/errors.h"
+#include "kvouter/jit.h"
 #include "registry.h"
 #include "scratch_reuse.h"
+#include "schedules.h"
 
 namespace kvouter {
 namespace {
@@ -129,6 +132,38 @@ TEST(Aot, VariantNamesFollowOneRule) {
     }
     EXPECT_EQ(halide::variant_name(v.schedule, v.target, v.spec, knobs), v.name);
   }
+}
+
+// The CPU twins were generated with the autoscheduler parameters the JIT and export use.
+TEST(Aot, TwinsWereGeneratedWithTheJitsAutoschedulerParameters) {
+  experiments::register_all_backends();
+  int twins = 0;
+  for (const auto& v : halide::aot_variants()) {
+    const pipeline::ScheduleInfo* info = pipeline::find_schedule(v.schedule);
+    ASSERT_NE(info, nullptr) << v.name;
+    if (info->autoscheduler.empty()) {
+      EXPECT_EQ(v.autoscheduler_params, "") << v.name;
+      continue;
+    }
+    ++twins;
+    std::string want;
+    for (const auto& [k, val] : halide::autoscheduler_params(info->autoscheduler, v.target != "host")) {
+      want += (want.empty() ? "" : ",") + k + "=" + val;
+    }
+    // CMake lists them in its own order: compare as sets of k=v.
+    auto parts = [](const std::string& s) {
+      std::set<std::string> out;
+      size_t at = 0;
+      while (at < s.size()) {
+        const size_t comma = s.find(',', at);
+        out.insert(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        at = comma == std::string::npos ? s.size() : comma + 1;
+      }
+      return out;
+    };
+    EXPECT_EQ(parts(v.autoscheduler_params), parts(want)) << v.name;
+  }
+  EXPECT_GT(twins, 0);
 }
 
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {

@@ -1,9 +1,10 @@
 // Uses the installed package only (no compiler inside): a closed-form check, then a decode loop as
 // an inference engine runs it. The engine owns its KV pool, block tables and lengths; each step it
 // appends one token per sequence in place, picks a new selection, plans with a reused Planner and
-// has the AOT cpu_tiled kernels write into its own output buffers, through views (nothing copied).
-// Every step is checked against a naive softmax over the selected positions. Prints
-// "N passed, M failed".
+// has the AOT kernels write into its own output buffers, through views (nothing copied). The loop
+// runs on the CPU with a float32 pool and with a bfloat16 pool, and on Vulkan where a device is
+// present (lavapipe in CI). Every step is checked against a naive softmax over the selected
+// positions. Prints "N passed, M failed".
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -12,6 +13,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
 #include "kvouter/plan.h"
+#include "kvouter/vulkan_probe.h"
 
 namespace {
 
@@ -48,6 +50,9 @@ struct Engine {
   static constexpr int64_t B = 3, Hq = 4, Hkv = 2, D = 32, page = 4, block = 8, topk = 3, max_pages = 16;
   static constexpr int64_t pool_pages = B * max_pages;
   std::vector<float> k = std::vector<float>(pool_pages * Hkv * page * D), v = k;
+  // A bfloat16 pool: the bits the kernels read; k and v then hold their values, widened.
+  Dtype dtype = Dtype::kFloat32;
+  std::vector<uint16_t> k16 = std::vector<uint16_t>(k.size()), v16 = k16;
   std::vector<int32_t> tables = std::vector<int32_t>(B * max_pages, -1), lens = std::vector<int32_t>(B, 0);
   std::vector<int64_t> cu = {0, 1, 2, 3};
   std::vector<float> q = std::vector<float>(B * Hq * D);
@@ -69,14 +74,28 @@ struct Engine {
           const int64_t at = ((int64_t{pg} * Hkv + h) * page + pos % page) * D + d;
           k[at] = uniform();
           v[at] = uniform();
+          if (dtype == Dtype::kBFloat16) {
+            k16[at] = float_to_bf16(k[at]);
+            v16[at] = float_to_bf16(v[at]);
+            k[at] = bf16_to_float(k16[at]);
+            v[at] = bf16_to_float(v16[at]);
+          }
         }
       }
       ++lens[b];
     }
   }
 
+  std::vector<uint16_t> q16 = std::vector<uint16_t>(B * Hq * D);
+
   void new_query_and_selection() {
-    for (float& x : q) x = uniform();
+    for (size_t i = 0; i < q.size(); ++i) {
+      q[i] = uniform();
+      if (dtype == Dtype::kBFloat16) {
+        q16[i] = float_to_bf16(q[i]);
+        q[i] = bf16_to_float(q16[i]);
+      }
+    }
     for (int64_t b = 0; b < B; ++b) {
       const int32_t blocks = (lens[b] + block - 1) / block;
       for (int64_t h = 0; h < Hkv; ++h) {
@@ -92,6 +111,11 @@ struct Engine {
     in.q = TensorView<const float>(q.data(), {B, Hq, D});
     in.k_pages = TensorView<const float>(k.data(), {pool_pages, Hkv, page, D});
     in.v_pages = TensorView<const float>(v.data(), {pool_pages, Hkv, page, D});
+    if (dtype == Dtype::kBFloat16) {  // the query too: one storage dtype for q, K and V
+      in.q = StorageView(q16.data(), {B, Hq, D}, dtype);
+      in.k_pages = StorageView(k16.data(), {pool_pages, Hkv, page, D}, dtype);
+      in.v_pages = StorageView(v16.data(), {pool_pages, Hkv, page, D}, dtype);
+    }
     in.selected = TensorView<const int32_t>(selected.data(), {B, Hkv, topk});
     in.block_tables = TensorView<const int32_t>(tables.data(), {B, max_pages});
     in.cu_seqlens_q = TensorView<const int64_t>(cu.data(), {B + 1});
@@ -135,6 +159,31 @@ struct Engine {
   }
 };
 
+// The engine's decode loop through one backend: a prefill of 5 tokens, then `steps` steps.
+void decode_loop(Backend& backend, Dtype dtype, int steps, const char* what, int* passed, int* failed) {
+  Engine e;
+  e.dtype = dtype;
+  for (int i = 0; i < 5; ++i) e.append();  // a prefill of 5 tokens per sequence
+  Planner planner(backend.plan_options());
+  int bad = 0;
+  for (int step = 0; step < steps; ++step) {
+    e.append();
+    e.new_query_and_selection();
+    const InputsView in = e.view();
+    const Plan& plan = planner.plan_checked_tables(in);  // the engine wrote its tables itself
+    backend.run_into(plan, in, OutputsView(TensorView<float>(e.out.data(), {Engine::B, Engine::Hq, Engine::D}),
+                                           TensorView<float>(e.lse.data(), {Engine::B, Engine::Hq})));
+    const double err = e.max_error();
+    (err < 1e-4 ? *passed : *failed)++;
+    if (err >= 1e-4) {
+      std::printf("%s, decode step %d: max error %g\n", what, step, err);
+      ++bad;
+    }
+  }
+  std::printf("decode loop (%s): %d steps, lengths %d %d %d, %d wrong\n", what, steps, e.lens[0], e.lens[1],
+              e.lens[2], bad);
+}
+
 }  // namespace
 
 int main() {
@@ -142,23 +191,15 @@ int main() {
   auto backend = halide::make_aot_backend({"aot", "cpu_tiled", {}, ""});
   int passed = 0, failed = 0;
   (closed_form(*backend) ? passed : failed)++;
-
-  Engine e;
-  for (int i = 0; i < 5; ++i) e.append();  // a prefill of 5 tokens per sequence
-  Planner planner(backend->plan_options());
-  for (int step = 0; step < 40; ++step) {
-    e.append();
-    e.new_query_and_selection();
-    const InputsView in = e.view();
-    const Plan& plan = planner.plan_checked_tables(in);  // the engine wrote its tables itself
-    backend->run_into(plan, in, OutputsView(TensorView<float>(e.out.data(), {Engine::B, Engine::Hq, Engine::D}),
-                                            TensorView<float>(e.lse.data(), {Engine::B, Engine::Hq})));
-    const double err = e.max_error();
-    (err < 1e-4 ? passed : failed)++;
-    if (err >= 1e-4) std::printf("decode step %d: max error %g\n", step, err);
+  decode_loop(*backend, Dtype::kFloat32, 40, "cpu_tiled, float32", &passed, &failed);
+  decode_loop(*backend, Dtype::kBFloat16, 40, "cpu_tiled, bfloat16", &passed, &failed);
+  if (vulkan_devices().empty()) {
+    std::printf("decode loop on Vulkan: not run, no Vulkan device\n");
+  } else {
+    auto vk = halide::make_aot_backend({"aot", "vulkan_tiled", {}, "host-vulkan"});
+    decode_loop(*vk, Dtype::kFloat32, 10, "vulkan_tiled on host-vulkan, float32", &passed, &failed);
+    decode_loop(*vk, Dtype::kBFloat16, 10, "vulkan_tiled on host-vulkan, bfloat16", &passed, &failed);
   }
-  std::printf("decode loop: 40 steps, lengths %d %d %d, %zu AOT variants\n", e.lens[0], e.lens[1], e.lens[2],
-              halide::aot_variants().size());
-  std::printf("%d passed, %d failed\n", passed, failed);
+  std::printf("%zu AOT variants; %d passed, %d failed\n", halide::aot_variants().size(), passed, failed);
   return failed == 0 ? 0 : 1;
 }

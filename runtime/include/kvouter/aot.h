@@ -26,6 +26,9 @@ struct AotVariant {
   AotForwardFn forward;
   AotCombineFn combine;
   const halide_device_interface_t* (*device)() = nullptr;  // Vulkan variants: the device interface
+  // Autoscheduled twins: the autoscheduler's parameters they were generated with ("k=v,...";
+  // aot_test checks them against halide::autoscheduler_params, which the JIT and export use).
+  std::string autoscheduler_params = {};
 };
 
 void aot_register(const AotVariant& v);
