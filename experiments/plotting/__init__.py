@@ -1,0 +1,1 @@
+"""Loading, tables and figures of kvouter results (imported through experiments/plot.py)."""
