@@ -28,6 +28,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include "kvouter/stats.h"
 #include <set>
 #include <sstream>
 #include <thread>
@@ -64,10 +66,6 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Timed {
   Outputs out;

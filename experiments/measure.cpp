@@ -2,13 +2,11 @@
 
 #include <algorithm>
 
+#include "kvouter/stats.h"
+
 namespace kvouter::experiments {
 
-double Measurement::quantile(double q) const {
-  if (ms.empty()) return 0;
-  const size_t i = static_cast<size_t>(q * static_cast<double>(ms.size() - 1) + 0.5);
-  return ms[std::min(i, ms.size() - 1)];
-}
+double Measurement::quantile(double q) const { return kvouter::quantile(ms, q); }
 
 Measurement measure(Backend& backend, const Plan& plan, const InputsView& in, const Outputs& ref, int repeats,
                     double stop_after_first_ms, double warmup_ms) {

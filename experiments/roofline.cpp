@@ -1,6 +1,7 @@
 #include "roofline.h"
 
 #include "kvouter/pool_memory.h"
+#include "kvouter/stats.h"
 
 #include <omp.h>
 
@@ -47,8 +48,7 @@ template <class F>
 double median_rate(F&& once, int reps) {
   std::vector<double> r;
   for (int i = 0; i < reps; ++i) r.push_back(once());
-  std::sort(r.begin(), r.end());
-  return r[r.size() / 2];
+  return median(std::move(r));
 }
 
 }  // namespace

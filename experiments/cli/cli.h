@@ -3,6 +3,8 @@
 // beside this one (run, compare, demo, export, tune, sweep, make_case); kvouter_main.cpp dispatches.
 #pragma once
 
+#include "kvouter/stats.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -48,11 +50,7 @@ struct TimedRun {
   std::vector<double> times;
   double compile_ms = 0;
 
-  double median() const {
-    std::vector<double> t = times;
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
+  double median() const { return kvouter::median(times); }
   void run_once(const InputsView& in) {
     out = backend->run(plan, in);
     const auto& t = backend->last_timing();

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "kvouter/errors.h"
+#include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
 
 namespace kvouter::halide {
@@ -72,12 +73,6 @@ void check_rc(int rc, const char* stage, const Kernels& k) {
   }
 }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Per-repetition kernel times, summed over a plan's query batches (each batch runs every
 // repetition on its own buffers, so a repetition's time is its batches' sum).
@@ -86,8 +81,8 @@ struct RepTimes {
   void into(RunTiming* t) const {
     t->forward_all = fwd;
     t->combine_all = comb;
-    t->forward_ms = median_of(fwd);
-    t->combine_ms = median_of(comb);
+    t->forward_ms = median(fwd);
+    t->combine_ms = median(comb);
   }
 };
 
