@@ -30,6 +30,8 @@ struct UsageError : std::runtime_error {
 };
 
 std::string option_value(const std::vector<std::string>& a, size_t& i);
+// The value after a --dtype at a[i] as a storage dtype (advances i); UsageError naming the command.
+Dtype dtype_value(const std::string& command, const std::vector<std::string>& a, size_t& i);
 void add_param(const std::string& kv, std::map<std::string, std::string>* params);
 std::string join(const std::vector<std::string>& v);
 void print_backends(std::ostream& os);

@@ -21,6 +21,15 @@ std::string option_value(const std::vector<std::string>& a, size_t& i) {
   return a[++i];
 }
 
+Dtype dtype_value(const std::string& command, const std::vector<std::string>& a, size_t& i) {
+  if (i + 1 >= a.size()) throw UsageError(command + ": --dtype needs a value (float32, float16, bfloat16)");
+  Dtype t;
+  if (!parse_dtype(a[++i], &t)) {
+    throw UsageError(command + ": --dtype: expected float32, float16 or bfloat16, got '" + a[i] + "'");
+  }
+  return t;
+}
+
 // --param KEY=VALUE into a knob map.
 void add_param(const std::string& kv, std::map<std::string, std::string>* params) {
   const auto eq = kv.find('=');

@@ -35,12 +35,7 @@ int cmd_export(const std::vector<std::string>& a) {
     else if (a[i] == "--name") name = value();
     else if (a[i] == "--from-case") from_case = value();
     else if (a[i] == "--tuned") tuned = true;
-    else if (a[i] == "--dtype") {
-      Dtype t;
-      const std::string d = value();
-      if (!parse_dtype(d, &t)) throw UsageError("export: --dtype: expected float32, float16 or bfloat16, got '" + d + "'");
-      dtype = t;
-    }
+    else if (a[i] == "--dtype") dtype = dtype_value("export", a, i);
     else if (a[i] == "--param") add_param(value(), &params);
     else {
       throw UsageError("export: unknown argument '" + a[i] + "'");
@@ -73,9 +68,7 @@ int cmd_export(const std::vector<std::string>& a) {
   }
   // The build's naming rule (halide::variant_name), with the knobs given on the command line.
   if (name.empty()) name = halide::variant_name(schedule, target, spec, {params.begin(), params.end()});
-  // 16-bit loads on Vulkan need the device's 16-bit types (as the JIT and the build add them).
-  if (is_vulkan_target(target) && spec.dtype == Dtype::kFloat16) target += "-vk_float16-vk_int16";
-  if (is_vulkan_target(target) && spec.dtype == Dtype::kBFloat16) target += "-vk_int16";
+  target = halide::storage_target(target, spec.dtype);
   std::filesystem::create_directories(out);
   std::string autos;
   if (!info->autoscheduler.empty()) {

@@ -20,10 +20,7 @@ int cmd_make_case(const std::vector<std::string>& args) {
   Dtype dtype = Dtype::kFloat32;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--dtype") {
-      if (i + 1 >= args.size()) throw UsageError("make-case: --dtype needs a value (float32, float16, bfloat16)");
-      if (!parse_dtype(args[++i], &dtype)) {
-        throw UsageError("make-case: --dtype: expected float32, float16 or bfloat16, got '" + args[i] + "'");
-      }
+      dtype = dtype_value("make-case", args, i);
     } else {
       pos.push_back(args[i]);
     }

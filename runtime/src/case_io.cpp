@@ -101,9 +101,7 @@ Inputs load_case(const std::string& dir) {
     for (auto [name, values, bits] : {std::tuple{"q", &in.q, &in.q_bits}, {"k_pages", &in.k_pages, &in.k_bits},
                                       {"v_pages", &in.v_pages, &in.v_bits}}) {
       *bits = load_npy_bits(file(name), name, dtype);
-      values->shape = bits->shape;
-      values->data.resize(bits->data.size());
-      widen(dtype, bits->data.data(), bits->numel(), values->data.data());
+      *values = widened(*bits, dtype);
     }
   }
   in.selected = load_npy<int32_t>(file("selected"), "selected");

@@ -73,7 +73,6 @@ void check_rc(int rc, const char* stage, const Kernels& k) {
   }
 }
 
-
 // Per-repetition kernel times, summed over a plan's query batches (each batch runs every
 // repetition on its own buffers, so a repetition's time is its batches' sum).
 struct RepTimes {
@@ -305,6 +304,11 @@ std::string variant_name(const std::string& schedule, const std::string& target,
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
   return name + suffix;
+}
+
+std::string storage_target(const std::string& target, Dtype dtype) {
+  if (!is_vulkan_target(target) || dtype == Dtype::kFloat32) return target;
+  return target + (dtype == Dtype::kFloat16 ? "-vk_float16-vk_int16" : "-vk_int16");
 }
 
 const std::vector<std::string>& knob_names() {

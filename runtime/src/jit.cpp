@@ -101,10 +101,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   Halide::Target target = to_target(req.target);
   const bool vulkan = target.has_feature(Halide::Target::Vulkan);  // to_target found the device
-  // 16-bit storage on Vulkan: float16 loads need the device's 16-bit floats, bfloat16 bits its
-  // 16-bit integers (the runtime checks the device offers them).
-  if (vulkan && req.spec.dtype == Dtype::kFloat16) target = target.with_feature(Halide::Target::VulkanFloat16);
-  if (vulkan && req.spec.dtype != Dtype::kFloat32) target = target.with_feature(Halide::Target::VulkanInt16);
+  if (vulkan) target = Halide::Target(storage_target(target.to_string(), req.spec.dtype));
 
   Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
                                     {"D", std::to_string(req.spec.D)},

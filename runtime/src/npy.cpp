@@ -271,14 +271,17 @@ Tensor<uint16_t> load_npy_bits(const std::string& path, const std::string& field
   });
 }
 
-Tensor<float> load_npy_widened(const std::string& path, const std::string& field, Dtype dtype) {
-  if (dtype == Dtype::kFloat32) return load_npy<float>(path, field);
-  const Tensor<uint16_t> bits = load_npy_bits(path, field, dtype);
+Tensor<float> widened(const Tensor<uint16_t>& bits, Dtype dtype) {
   Tensor<float> t;
   t.shape = bits.shape;
   t.data.resize(bits.data.size());
   widen(dtype, bits.data.data(), bits.numel(), t.data.data());
   return t;
+}
+
+Tensor<float> load_npy_widened(const std::string& path, const std::string& field, Dtype dtype) {
+  if (dtype == Dtype::kFloat32) return load_npy<float>(path, field);
+  return widened(load_npy_bits(path, field, dtype), dtype);
 }
 
 namespace {

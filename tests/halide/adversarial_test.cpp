@@ -29,18 +29,25 @@ struct Adversary {
   bool magnitude_lse = false;  // LSE of order 1e4: compared relative to its size (float32 ulp)
 };
 
+Inputs huge_logits(Dtype dtype) {
+  CaseSpec s = base();
+  s.scale = 1e4f;
+  s.dtype = dtype;
+  return experiments::make_case(s);
+}
+
+Inputs every_row_empty(Dtype dtype) {
+  CaseSpec s = base();
+  s.dtype = dtype;
+  Inputs in = experiments::make_case(s);
+  std::fill(in.selected.data.begin(), in.selected.data.end(), -1);
+  return in;
+}
+
 std::vector<Adversary> adversaries() {
   return {
-      {"huge_logits_scale_1e4", [] {
-         CaseSpec s = base();
-         s.scale = 1e4f;
-         return experiments::make_case(s);
-       }, true},
-      {"every_row_empty", [] {
-         Inputs in = experiments::make_case(base());
-         std::fill(in.selected.data.begin(), in.selected.data.end(), -1);
-         return in;
-       }},
+      {"huge_logits_scale_1e4", [] { return huge_logits(Dtype::kFloat32); }, true},
+      {"every_row_empty", [] { return every_row_empty(Dtype::kFloat32); }},
       {"topk_1", [] {
          CaseSpec s = base();
          s.topk = 1;
@@ -67,32 +74,10 @@ std::vector<Adversary> adversaries() {
          return experiments::make_case(s);
        }},
       // SPEC section 1's 16-bit storage: large logits and empty rows in each 16-bit dtype.
-      {"huge_logits_scale_1e4_float16", [] {
-         CaseSpec s = base();
-         s.scale = 1e4f;
-         s.dtype = Dtype::kFloat16;
-         return experiments::make_case(s);
-       }, true},
-      {"huge_logits_scale_1e4_bfloat16", [] {
-         CaseSpec s = base();
-         s.scale = 1e4f;
-         s.dtype = Dtype::kBFloat16;
-         return experiments::make_case(s);
-       }, true},
-      {"every_row_empty_float16", [] {
-         CaseSpec s = base();
-         s.dtype = Dtype::kFloat16;
-         Inputs in = experiments::make_case(s);
-         std::fill(in.selected.data.begin(), in.selected.data.end(), -1);
-         return in;
-       }},
-      {"every_row_empty_bfloat16", [] {
-         CaseSpec s = base();
-         s.dtype = Dtype::kBFloat16;
-         Inputs in = experiments::make_case(s);
-         std::fill(in.selected.data.begin(), in.selected.data.end(), -1);
-         return in;
-       }},
+      {"huge_logits_scale_1e4_float16", [] { return huge_logits(Dtype::kFloat16); }, true},
+      {"huge_logits_scale_1e4_bfloat16", [] { return huge_logits(Dtype::kBFloat16); }, true},
+      {"every_row_empty_float16", [] { return every_row_empty(Dtype::kFloat16); }},
+      {"every_row_empty_bfloat16", [] { return every_row_empty(Dtype::kBFloat16); }},
       {"used_kv_lens_at_msb_times_block", [] {
          CaseSpec s = base();
          s.kv = {64, 64};  // msb * block_size exactly

@@ -16,6 +16,7 @@
 #include "kvouter/jit.h"
 #include "registry.h"
 #include "scratch_reuse.h"
+#include "storage_check.h"
 #include "schedules.h"
 
 namespace kvouter {
@@ -58,23 +59,15 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, AotScheduleTest,
 
 // 16-bit storage: every manual CPU schedule's variants in each 16-bit dtype on every case kind
 // (the SPEC shapes' specialised variants on tiny's neighbours, the generic ones elsewhere).
-using StorageParam = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>, Dtype>;
+using testing::StorageParam;
 class AotStorageTest : public ::testing::TestWithParam<StorageParam> {};
 
 TEST_P(AotStorageTest, MatchesOracle) {
   const auto& [schedule, kind, dtype] = GetParam();
-  experiments::CaseSpec spec = kind.second;
-  spec.dtype = dtype;
-  const Inputs in = experiments::make_case(spec);
   auto backend = make("aot", schedule);
-  const Plan plan = make_plan(in, backend->plan_options());
-  const Inputs values = testing::values_only(in);
-  const auto err = experiments::compare_outputs(backend->run(plan, in),
-                                                reference::dense_attention<double>(values, validate(values)));
+  testing::expect_storage_matches_oracle(*backend, kind, dtype, "aot " + schedule);
   const std::string variant = backend->params().at("variant");
   EXPECT_NE(variant.find(dtype_name(dtype)), std::string::npos) << variant;
-  EXPECT_TRUE(err.ok()) << schedule << " on " << kind.first << " in " << dtype_name(dtype) << " (variant " << variant
-                        << "): max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
 }
 
 INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, AotStorageTest,

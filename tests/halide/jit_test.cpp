@@ -13,6 +13,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/vulkan_probe.h"
 #include "scratch_reuse.h"
+#include "storage_check.h"
 #include "kvouter/jit.h"
 #include "registry.h"
 #include "schedules.h"
@@ -58,23 +59,12 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, JitScheduleTest,
 
 // 16-bit storage (SPEC section 1): every manual CPU schedule on every case kind in each 16-bit
 // dtype, against the float64 oracle computed from the values (values_only: never the bits).
-using StorageParam = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>, Dtype>;
+using testing::StorageParam;
 class JitStorageTest : public ::testing::TestWithParam<StorageParam> {};
 
 TEST_P(JitStorageTest, MatchesOracle) {
   const auto& [schedule, kind, dtype] = GetParam();
-  experiments::CaseSpec spec = kind.second;
-  spec.dtype = dtype;
-  const Inputs in = experiments::make_case(spec);
-  ASSERT_EQ(in.dtype, dtype);
-  auto backend = jit(schedule);
-  const Plan plan = make_plan(in, backend->plan_options());
-  ASSERT_EQ(plan.problem.dtype, dtype);
-  const Inputs values = testing::values_only(in);
-  const auto err = experiments::compare_outputs(backend->run(plan, in),
-                                                reference::dense_attention<double>(values, validate(values)));
-  EXPECT_TRUE(err.ok()) << schedule << " on " << kind.first << " in " << dtype_name(dtype) << ": max|out err| "
-                        << err.max_out_err << " max|lse err| " << err.max_lse_err;
+  testing::expect_storage_matches_oracle(*jit(schedule), kind, dtype, "jit " + schedule);
 }
 
 INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, JitStorageTest,

@@ -27,6 +27,7 @@
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedules.h"
+#include "storage_check.h"
 #include "tuner.h"
 
 namespace kvouter {
@@ -261,20 +262,12 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, VulkanAotGenericTest,
 // float64 oracle computed from the values.
 void check_storage(const std::string& backend_name, const std::string& schedule, const std::pair<std::string, experiments::CaseSpec>& kind,
                    Dtype dtype, std::map<std::string, std::string> knobs = {}) {
-  experiments::CaseSpec spec = kind.second;
-  spec.dtype = dtype;
-  const Inputs in = experiments::make_case(spec);
   experiments::register_all_backends();
   auto backend = BackendRegistry::instance().make({backend_name, schedule, std::move(knobs), "host-vulkan"});
-  const Plan plan = make_plan(in, backend->plan_options());
-  const Inputs values = testing::values_only(in);
-  const auto err = experiments::compare_outputs(backend->run(plan, in),
-                                                reference::dense_attention<double>(values, validate(values)));
-  EXPECT_TRUE(err.ok()) << backend_name << " " << schedule << " on " << kind.first << " in " << dtype_name(dtype)
-                        << ": max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+  testing::expect_storage_matches_oracle(*backend, kind, dtype, backend_name + " " + schedule);
 }
 
-using StorageParam = std::tuple<std::string, std::pair<std::string, experiments::CaseSpec>, Dtype>;
+using testing::StorageParam;
 class VulkanStorageTest : public ::testing::TestWithParam<StorageParam> {};
 
 TEST_P(VulkanStorageTest, JitMatchesOracle) {

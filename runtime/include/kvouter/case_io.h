@@ -28,6 +28,8 @@ std::string npy_dtype_name(const std::string& descr);
 // A float32 ('<f4'), float16 ('<f2') or bfloat16 (its bits, '<u2') .npy file, every value widened
 // exactly to float32. Throws InputError when the file holds another dtype.
 Tensor<float> load_npy_widened(const std::string& path, const std::string& field, Dtype dtype);
+// The values of 16-bit bits, widened exactly (the float32 values an Inputs keeps beside them).
+Tensor<float> widened(const Tensor<uint16_t>& bits, Dtype dtype);
 // The bits of a float16 ('<f2') or bfloat16 ('<u2') file, and their writer.
 Tensor<uint16_t> load_npy_bits(const std::string& path, const std::string& field, Dtype dtype);
 void save_npy_bits(const std::string& path, const Tensor<uint16_t>& bits, Dtype dtype);

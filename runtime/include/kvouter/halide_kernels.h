@@ -49,6 +49,11 @@ struct Specialization {
 std::string variant_name(const std::string& schedule, const std::string& target, const Specialization& spec,
                          const std::vector<std::pair<std::string, std::string>>& knobs);
 
+// A Halide target string with what 16-bit storage needs on it: on Vulkan, 16-bit floats for float16
+// loads and 16-bit integers for both 16-bit dtypes (vk_float16, vk_int16); other targets as given.
+// The JIT and `kvouter export` use it; generators/CMakeLists.txt adds the same features.
+std::string storage_target(const std::string& target, Dtype dtype);
+
 // The knobs a schedule understands, as GeneratorParams (name -> value). T is the plan's tile size.
 const std::vector<std::string>& knob_names();
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
