@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """What a user of the GPU machine would run instead of kvouter, on the very inputs kvouter_gpu_bench
 wrote (--case-dir): a PyTorch gather-based implementation and FlexAttention with the selection as
-its mask, both in fp32 with TF32 off; plus the machine's measured fp32 matmul rate and copy
-bandwidth (the roofline), and a check of every result against kvouter's saved outputs.
+its mask, in the case's storage dtype (float32 with TF32 off; float16 and bfloat16 with float32
+softmax, as a user would write them), dense causal SDPA over the same context (the dense
+baseline: every position, random values, timed only); plus the machine's measured matmul rate
+and copy bandwidth (the roofline), and a check of every result against kvouter's saved outputs.
 
-    python3 experiments/torch_compare.py CASE_ROOT [--shapes gpu-decode,gpu-prefill] [--json F]
+    python3 experiments/torch_compare.py CASE_ROOT [--shapes gpu-decode,gpu-decode@bfloat16] [--json F]
+
+A shape's folder is `<shape>` (float32) or `<shape>@<dtype>`, as kvouter_gpu_bench --case-dir and
+--dtypes write them. Each implementation also reports K/V bytes per second at the storage size,
+counting each selected block once (the bytes kvouter reads, SPEC section 5).
 
 Timings: CUDA events, median of --reps after a warm-up (compile time excluded, reported apart).
 """
@@ -44,18 +50,42 @@ def machine_roofline(reps):
     x = torch.randn(n, n, device=DEV)
     y = torch.randn(n, n, device=DEV)
     mm_ms, _ = timed(lambda: x @ y, reps)
+    xb, yb = x.bfloat16(), y.bfloat16()
+    mmb_ms, _ = timed(lambda: xb @ yb, reps)
+    del xb, yb
     buf = torch.empty(1 << 30, dtype=torch.float32, device=DEV)  # 4 GiB
     dst = torch.empty_like(buf)
     cp_ms, _ = timed(lambda: dst.copy_(buf), reps)
     del x, y, buf, dst
     return {"fp32_matmul_tflops_tf32_off": 2 * n**3 / mm_ms / 1e9,
+            "bf16_matmul_tflops": 2 * n**3 / mmb_ms / 1e9,
             "copy_tbps_read_plus_write": 2 * 4 * (1 << 30) / cp_ms / 1e9}
+
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_storage(path, dtype):
+    """One of q, k_pages, v_pages as a torch tensor of the case's storage dtype (SPEC section 1:
+    bfloat16 is stored as `<u2` bits)."""
+    a = np.load(path)
+    if dtype == "bfloat16":
+        if a.dtype != np.uint16:
+            raise ValueError(f"{path}: bfloat16 case with {a.dtype} data")
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    t = torch.from_numpy(a)
+    if t.dtype != TORCH_DTYPES[dtype]:
+        raise ValueError(f"{path}: {dtype} case with {a.dtype} data")
+    return t
 
 
 def load_case(d):
     ld = lambda n: np.load(os.path.join(d, n + ".npy"))
     case = json.load(open(os.path.join(d, "case.json")))
-    c = {k: ld(k) for k in ["q", "k_pages", "v_pages", "selected", "block_tables", "cu_seqlens_q"]}
+    dtype = case.get("dtype", "float32")
+    c = {k: ld(k) for k in ["selected", "block_tables", "cu_seqlens_q"]}
+    c.update({k: load_storage(os.path.join(d, k + ".npy"), dtype) for k in ["q", "k_pages", "v_pages"]})
+    c["dtype"] = dtype
     c["used_kv_lens"] = ld("used_kv_lens") if os.path.exists(os.path.join(d, "used_kv_lens.npy")) else None
     c.update(case)
     return c
@@ -66,9 +96,10 @@ class Problem:
     table of what it selected (deduplicated, padding and out-of-range ids dropped)."""
 
     def __init__(self, c):
-        self.q = torch.from_numpy(c["q"]).to(DEV)
-        self.kp = torch.from_numpy(c["k_pages"]).to(DEV)  # [pages, Hkv, page, D]
-        self.vp = torch.from_numpy(c["v_pages"]).to(DEV)
+        self.dtype = TORCH_DTYPES[c["dtype"]]
+        self.q = c["q"].to(DEV)
+        self.kp = c["k_pages"].to(DEV)  # [pages, Hkv, page, D], storage dtype
+        self.vp = c["v_pages"].to(DEV)
         self.Tq, self.Hq, self.D = self.q.shape
         _, self.Hkv, self.PS, _ = self.kp.shape
         self.qhead = self.Hq // self.Hkv
@@ -98,12 +129,19 @@ class Problem:
         self.sel = s_sorted
         self.sel_ok = (s_sorted >= 0) & first
         self.topk = sel.shape[-1]
+        # K/V bytes at the storage size, each (sequence, KV head, block) unit once: what kvouter's
+        # forward reads (Plan::kv_unit_bytes), the numerator of every implementation's TB/s.
+        seq3 = self.seq[:, None, None].expand_as(sel)
+        h3 = torch.arange(self.Hkv, device=DEV)[None, :, None].expand_as(sel)
+        keys = (seq3 * self.Hkv + h3) * (self.msb + 1) + self.sel.clamp(min=0)
+        units = int(torch.unique(keys[self.sel_ok]).numel())
+        self.kv_bytes = 2.0 * units * self.BS * self.D * self.kp.element_size()
 
 
 def gather_attention(P, q_chunk=1024):
     """The straightforward PyTorch route: per query, gather its selected blocks' K/V from the paged
     cache and run masked softmax attention over them (chunks of queries bound the memory)."""
-    out = torch.empty(P.Tq, P.Hq, P.D, device=DEV)
+    out = torch.empty(P.Tq, P.Hq, P.D, device=DEV)  # float32, as kvouter's
     lse = torch.empty(P.Tq, P.Hq, device=DEV)
     pos_in_block = torch.arange(P.BS, device=DEV)
     for t0 in range(0, P.Tq, q_chunk):
@@ -123,13 +161,14 @@ def gather_attention(P, q_chunk=1024):
         v = v.reshape(n, P.Hkv, P.topk * P.BS, P.D)
         valid = valid.reshape(n, P.Hkv, 1, P.topk * P.BS)
         q = P.q[t0:t1].reshape(n, P.Hkv, P.qhead, P.D)
-        s = torch.einsum("nhqd,nhsd->nhqs", q, k) * P.scale
+        # Products in the storage dtype (float32 accumulation), the softmax in float32.
+        s = torch.einsum("nhqd,nhsd->nhqs", q, k).float() * P.scale
         s = s.masked_fill(~valid, float("-inf"))
         m = s.amax(-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p = torch.exp(s - m)
         l = p.sum(-1, keepdim=True)
-        o = torch.einsum("nhqs,nhsd->nhqd", p, v) / torch.where(l > 0, l, torch.ones_like(l))
+        o = torch.einsum("nhqs,nhsd->nhqd", p.to(P.dtype), v).float() / torch.where(l > 0, l, torch.ones_like(l))
         out[t0:t1] = o.reshape(n, P.Hq, P.D)
         lse[t0:t1] = torch.where(l[..., 0] > 0, m[..., 0] + torch.log(l[..., 0]), torch.full_like(l[..., 0], float("-inf"))).reshape(n, P.Hq)
     return out, lse
@@ -146,7 +185,7 @@ def flex_setup(P):
     Lpad = (Lmax + 127) // 128 * 128
     nblk = Lpad // P.BS
     # Queries per sequence, padded: [B, Hq, Qmax, D].
-    qpad = torch.zeros(B, Qmax, P.Hq, P.D, device=DEV)
+    qpad = torch.zeros(B, Qmax, P.Hq, P.D, device=DEV, dtype=P.dtype)
     cu = torch.zeros(B + 1, dtype=torch.long, device=DEV)
     cu[1:] = torch.cumsum(qo, 0)
     local = torch.arange(P.Tq, device=DEV) - cu[P.seq]
@@ -192,11 +231,41 @@ def flex_setup(P):
 
     def unpad(res):
         o, l = res
-        o = o.transpose(1, 2)[P.seq, local]  # [Tq, Hq, D]
-        l = l.transpose(1, 2)[P.seq, local]
+        o = o.transpose(1, 2)[P.seq, local].float()  # [Tq, Hq, D]
+        l = l.transpose(1, 2)[P.seq, local].float()
         return o, l
 
     return run, unpad, {"block_mask_s": mask_s, "compile_and_first_call_s": compile_s}
+
+
+def dense_sdpa_setup(P):
+    """Dense causal attention over every sequence's whole context (L_b positions), in the storage
+    dtype, through torch's scaled_dot_product_attention: what the sparse selection saves. Its
+    K/V are random (the cases hold only the pages a selection reaches), so it is timed, not
+    checked. Sequences of one length only (the GPU shapes)."""
+    import torch.nn.functional as F
+    qo = torch.bincount(P.seq, minlength=P.B)
+    Lq, L = int(qo.max()), int(P.L.max())
+    if int(qo.min()) != Lq or int(P.L.min()) != L:
+        raise ValueError("dense SDPA baseline: sequences of different lengths")
+    g = torch.Generator(device=DEV).manual_seed(7)
+    q = P.q.reshape(P.B, Lq, P.Hq, P.D).transpose(1, 2).contiguous()
+    k = torch.randn(P.B, P.Hkv, L, P.D, device=DEV, dtype=P.dtype, generator=g)
+    v = torch.randn(P.B, P.Hkv, L, P.D, device=DEV, dtype=P.dtype, generator=g)
+    if Lq == 1:  # one query per sequence sees its whole context: no mask
+        mask, causal = None, False
+    elif Lq == L:
+        mask, causal = None, True
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+        mask, causal = causal_lower_right(Lq, L), False
+
+    def run():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=P.scale, enable_gqa=True)
+
+    attended = P.B * (Lq * L - (Lq * (Lq - 1)) // 2 if Lq > 1 else L)
+    return run, {"kv_bytes_dense": 2.0 * P.B * P.Hkv * L * P.D * k.element_size(),
+                 "flops_dense": 4.0 * P.D * P.Hq * attended}
 
 
 def compare(a, b):
@@ -215,12 +284,13 @@ def main():
     a = ap.parse_args()
     doc = {"tool": "experiments/torch_compare.py", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "tf32": False, "roofline": machine_roofline(a.reps), "results": []}
+    rate = lambda ms, nbytes: nbytes / ms / 1e9  # TB/s
     print(json.dumps(doc["roofline"]), flush=True)
     for shape in a.shapes.split(","):
         d = os.path.join(a.root, shape)
         c = load_case(d)
         P = Problem(c)
-        r = {"shape": shape}
+        r = {"shape": shape, "dtype": c["dtype"], "kv_bytes": P.kv_bytes}
         kv = None
         kdir = [x for x in sorted(os.listdir(d)) if x.startswith("kvouter_")]
         if kdir:
@@ -230,7 +300,7 @@ def main():
         try:
             ms, all_ms = timed(lambda: gather_attention(P), a.reps)
             res = gather_attention(P)
-            r["gather"] = {"ms": ms, "ms_all": all_ms}
+            r["gather"] = {"ms": ms, "ms_all": all_ms, "kv_tbps": rate(ms, P.kv_bytes)}
             if kv is not None:
                 r["gather"]["vs_kvouter"] = compare(res, kv)
         except Exception as e:  # noqa: BLE001 - recorded, the other implementations still run
@@ -239,11 +309,19 @@ def main():
         try:
             run, unpad, setup = flex_setup(P)
             ms, all_ms = timed(run, a.reps)
-            r["flex"] = {"ms": ms, "ms_all": all_ms, **setup}
+            r["flex"] = {"ms": ms, "ms_all": all_ms, "kv_tbps": rate(ms, P.kv_bytes), **setup}
             if kv is not None:
                 r["flex"]["vs_kvouter"] = compare(unpad(run()), kv)
         except Exception as e:  # noqa: BLE001
             r["flex"] = {"error": repr(e)[:500]}
+        torch.cuda.empty_cache()
+        try:
+            run, info = dense_sdpa_setup(P)
+            ms, all_ms = timed(run, a.reps)
+            r["sdpa_dense"] = {"ms": ms, "ms_all": all_ms, **info, "dense_kv_tbps": rate(ms, info["kv_bytes_dense"]),
+                               "tflops": info["flops_dense"] / ms / 1e9}
+        except Exception as e:  # noqa: BLE001
+            r["sdpa_dense"] = {"error": repr(e)[:500]}
         torch.cuda.empty_cache()
         print(json.dumps(r), flush=True)
         doc["results"].append(r)
