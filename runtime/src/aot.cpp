@@ -28,6 +28,8 @@ int specificity(const Specialization& s) {
   return (s.D != 0) + (s.page_size != 0) + (s.block_size != 0) + (s.qhead != 0) + (s.T != 0);
 }
 
+}  // namespace
+
 // Lavapipe (llvmpipe) ends all of a shader invocation's loops after 65535 iterations in total
 // (Mesa's LP_MAX_TGSI_LOOP_ITERATIONS) and carries on: the results are silently wrong. The generic
 // Vulkan variant (vulkan_generic_forward) loops (D + 2) / 32 x chunks x (D + 2) times per thread;
@@ -49,6 +51,8 @@ void check_generic_vulkan_loops(const AotVariant& v, const Plan& plan) {
                        "specialised for this shape");
   }
 }
+
+namespace {
 
 class AotBackend final : public Backend {
  public:
@@ -127,6 +131,24 @@ class AotBackend final : public Backend {
 }  // namespace
 
 void aot_register(const AotVariant& v) { variants().push_back(v); }
+
+namespace {
+std::vector<AotKvWriter>& kv_writers() {
+  static std::vector<AotKvWriter> w;
+  return w;
+}
+}  // namespace
+
+void aot_register_kv_writer(const AotKvWriter& w) { kv_writers().push_back(w); }
+
+const AotKvWriter& aot_kv_writer(const std::string& target, int bits) {
+  for (const auto& w : kv_writers()) {
+    if (w.target == target && w.bits == bits) return w;
+  }
+  throw BackendError("device cache: no generated KV writer for target '" + target + "' and " + std::to_string(bits) +
+                     "-bit elements (generators/CMakeLists.txt builds host-vulkan and host-cuda; call "
+                     "register_generated_aot_kernels() first)");
+}
 
 void set_aot_error_source(std::string (*source)()) { error_source = source; }
 

@@ -22,17 +22,6 @@ using Halide::Runtime::Buffer;
 
 namespace {
 
-// q, K or V in their storage dtype: float32, float16, or bfloat16 as its uint16 bits (the
-// pipelines' input types, generators/kvouter_forward_generator.cpp).
-halide_type_t storage_type(Dtype t) {
-  switch (t) {
-    case Dtype::kFloat16: return halide_type_t(halide_type_float, 16);
-    case Dtype::kBFloat16: return halide_type_t(halide_type_uint, 16);
-    case Dtype::kFloat32: break;
-  }
-  return halide_type_of<float>();
-}
-
 std::vector<int> halide_sizes(const std::vector<int64_t>& shape) {
   std::vector<int> sizes;
   for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
@@ -56,15 +45,6 @@ Buffer<void> wrap_storage(const StorageView& v) {
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// Kernels emit kMaskedScore (finite) as the LSE of an empty row: GPU backends do not promise IEEE
-// infinities inside kernels, so SPEC's -inf is produced here, on the host, for every backend.
-void finish_lse(const TensorView<float>& lse) {
-  for (int64_t i = 0; i < lse.numel(); ++i) {
-    float& x = lse.data[i];
-    if (x <= layout::kEmptyThreshold) x = -std::numeric_limits<float>::infinity();
-  }
 }
 
 void check_rc(int rc, const char* stage, const Kernels& k) {
@@ -258,6 +238,26 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
 }
 
 }  // namespace
+
+// q, K or V in their storage dtype: float32, float16, or bfloat16 as its uint16 bits (the
+// pipelines' input types, generators/kvouter_forward_generator.cpp).
+halide_type_t storage_type(Dtype t) {
+  switch (t) {
+    case Dtype::kFloat16: return halide_type_t(halide_type_float, 16);
+    case Dtype::kBFloat16: return halide_type_t(halide_type_uint, 16);
+    case Dtype::kFloat32: break;
+  }
+  return halide_type_of<float>();
+}
+
+// Kernels emit kMaskedScore (finite) as the LSE of an empty row: GPU backends do not promise IEEE
+// infinities inside kernels, so SPEC's -inf is produced here, on the host, for every backend.
+void finish_lse(const TensorView<float>& lse) {
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    float& x = lse.data[i];
+    if (x <= layout::kEmptyThreshold) x = -std::numeric_limits<float>::infinity();
+  }
+}
 
 Specialization Specialization::of(const Plan& plan) {
   const Problem& p = plan.problem;

@@ -32,6 +32,23 @@ struct AotVariant {
 };
 
 void aot_register(const AotVariant& v);
+
+// The device cache's in-place writer (generators/kvouter_kv_write) for one GPU target and element
+// size: (rows, row_page, row_slot, pool).
+using AotKvWriteFn = int (*)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
+struct AotKvWriter {
+  std::string target;  // host-vulkan or host-cuda
+  int bits;            // 32 or 16
+  AotKvWriteFn write;
+  const halide_device_interface_t* (*device)();
+};
+void aot_register_kv_writer(const AotKvWriter& w);
+// Throws BackendError when none was generated for (target, bits).
+const AotKvWriter& aot_kv_writer(const std::string& target, int bits);
+
+// On a CPU Vulkan device (lavapipe), refuses a generic Vulkan variant whose loops would pass the
+// device's per-invocation limit (its results would be silently wrong).
+void check_generic_vulkan_loops(const AotVariant& v, const Plan& plan);
 // Where the last Halide runtime error message of this thread can be read (set by the generated
 // registry, which owns the Halide runtime's error handler).
 void set_aot_error_source(std::string (*source)());

@@ -59,6 +59,13 @@ const std::vector<std::string>& knob_names();
 std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
 int64_t tile_edges_of(const std::map<std::string, std::string>& knobs);
 
+// q, K or V's Halide element type in their storage dtype: float32, float16, or bfloat16 as its
+// uint16 bits (the pipelines' input types, generators/kvouter_forward_generator.cpp).
+halide_type_t storage_type(Dtype t);
+
+// Kernels emit kMaskedScore (finite) as the LSE of an empty row; this writes SPEC's -inf there.
+void finish_lse(const TensorView<float>& lse);
+
 // Runs forward then combine over the plan (on the kernels' device where they have one), timed as
 // `kt` asks; fills `timing`.
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,

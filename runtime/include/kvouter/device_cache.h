@@ -1,0 +1,170 @@
+// A device-resident paged KV cache and a step runner over it, for the GPU targets (host-vulkan,
+// host-cuda): FlashInfer's shape. The K and V pools are allocated on the device once; pages and
+// appended tokens are written in place by a scatter kernel (generators/kvouter_kv_write); a step
+// uploads only q, the plan's arrays and the query's partial index, runs forward and combine on
+// device buffers, and reads out/lse back only when asked. Nothing is compacted per step.
+//
+// A pool larger than one device buffer (the device's storage-buffer limit, or 2^31 bytes, the most
+// Halide 21 addresses without large_buffers) is held in segments of whole pages. A step then runs
+// the forward once per segment that its tiles reach, each over its tiles with the other segments'
+// pages masked as unallocated, into its own slice of one partials buffer; the combine merges a
+// query's partials across the segments by the same log-sum-exp rule (SPEC section 2), so a block
+// whose pages straddle two segments is still exact.
+//
+// Neither class is thread-safe; separate caches and runners may be used from separate threads.
+#pragma once
+
+#include <HalideRuntime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvouter/backend.h"
+#include "kvouter/plan.h"
+
+namespace kvouter::halide {
+
+struct DeviceCacheShape {
+  int64_t num_pages = 0, Hkv = 0, page_size = 0, D = 0;
+  Dtype dtype = Dtype::kFloat32;
+};
+
+// One K or V pool, or a scratch array, on the device: a halide_buffer_t whose device allocation
+// holds `capacity` bytes, viewed at any shape that fits (views share the allocation, at offset 0).
+class DeviceArray {
+ public:
+  DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging = true);
+  ~DeviceArray();
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  // A view of `shape` (C order), growing the allocation (its contents lost) when it is too small.
+  halide_buffer_t* view(const std::vector<int64_t>& shape);
+  // view(shape), with `count` elements from `data` copied to the device (the rest zero).
+  halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape);
+  // Copies the view's elements back into `dst`.
+  void download(void* dst);
+  halide_buffer_t* buffer() { return &view_; }
+  int64_t capacity_bytes() const { return capacity_; }
+
+ private:
+  void reserve(int64_t bytes);
+  halide_type_t type_;
+  const halide_device_interface_t* dev_;
+  bool staging_;
+  std::vector<uint8_t> host_;
+  int64_t capacity_ = 0;
+  halide_buffer_t alloc_{};    // the allocation (1-D, capacity bytes)
+  halide_buffer_t view_{};     // the current view
+  halide_dimension_t dims_[4]{};
+  halide_dimension_t alloc_dim_{};
+};
+
+class DeviceKvCache {
+ public:
+  // target: "host-vulkan" or "host-cuda". segment_pages: pages per device buffer; 0 = as many as
+  // one buffer holds. Throws BackendError without a device of that kind, InputError on a bad shape.
+  DeviceKvCache(const std::string& target, const DeviceCacheShape& shape, int64_t segment_pages = 0);
+  ~DeviceKvCache();
+  DeviceKvCache(const DeviceKvCache&) = delete;
+  DeviceKvCache& operator=(const DeviceKvCache&) = delete;
+
+  // Whole pages: pages[i] gets k[i] and v[i], each [n, Hkv, page_size, D] in the cache's dtype.
+  void write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v);
+  // One position per row: (pages[i], slots[i]) gets k[i] and v[i], each [n, Hkv, D]. A position
+  // written twice in one call is an InputError (the scatter would race).
+  void write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
+                    const StorageView& k, const StorageView& v);
+  // Copies pages back to the host ([n, Hkv, page_size, D] each, element bytes of the dtype), for
+  // checks: it reads each segment that holds one of them whole.
+  void read_pages(const TensorView<const int32_t>& pages, void* k_out, void* v_out);
+
+  const DeviceCacheShape& shape() const { return shape_; }
+  const std::string& target() const { return target_; }
+  int64_t segments() const { return static_cast<int64_t>(k_.size()); }
+  int64_t segment_pages() const { return segment_pages_; }
+  // The device buffers of segment s (pages [s * segment_pages, ...)), typed as the forward reads
+  // them (float32, float16, or bfloat16 bits as uint16).
+  halide_buffer_t* k_segment(int64_t s) { return &k_[static_cast<size_t>(s)].typed; }
+  halide_buffer_t* v_segment(int64_t s) { return &v_[static_cast<size_t>(s)].typed; }
+  const halide_device_interface_t* device() const { return dev_; }
+  // The most pages one segment may hold for this shape on this target.
+  static int64_t max_segment_pages(const std::string& target, const DeviceCacheShape& shape);
+
+ private:
+  struct Segment {
+    halide_buffer_t bits{};   // uint32/uint16: what the writer sees (owns the allocation)
+    halide_buffer_t typed{};  // the same allocation as the forward's input type
+    halide_dimension_t dims[4]{};
+    int64_t pages = 0;
+  };
+  void check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
+                  int64_t rows_per_page) const;
+  void scatter(const std::vector<int32_t>& row_page, const std::vector<int32_t>& row_slot,
+               const std::vector<uint8_t>& k_rows, const std::vector<uint8_t>& v_rows);
+  std::string target_;
+  DeviceCacheShape shape_;
+  int64_t segment_pages_ = 0;
+  const halide_device_interface_t* dev_ = nullptr;
+  int (*writer_)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*) = nullptr;
+  std::vector<Segment> k_, v_;
+  std::unique_ptr<DeviceArray> rows_, row_page_, row_slot_;
+  // Reused across calls: the rows of the current call, sorted by segment.
+  std::vector<int32_t> seg_page_, seg_slot_;
+  std::vector<uint8_t> seg_k_, seg_v_, k_rows_, v_rows_;
+  std::vector<int32_t> all_page_, all_slot_;
+};
+
+// Everything a step reads but K and V (those are the cache's): SPEC section 1's other inputs.
+struct StepInputs {
+  StorageView q;
+  TensorView<const int32_t> selected, block_tables;
+  TensorView<const int64_t> cu_seqlens_q;
+  std::optional<TensorView<const int32_t>> used_kv_lens;
+  int64_t block_size = 0;
+  bool causal = false;
+  std::optional<float> softmax_scale;
+};
+
+// Wall times of the last step (milliseconds), each phase synchronised with the device.
+struct StepTiming {
+  double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
+  double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
+};
+
+class DeviceStepRunner {
+ public:
+  // An AOT schedule generated for the cache's target (halide::aot_select picks the variant per
+  // plan; params as for the aot backend: T, variant).
+  DeviceStepRunner(DeviceKvCache& cache, const std::string& schedule, const std::map<std::string, std::string>& params = {});
+  ~DeviceStepRunner();
+
+  // Plans (reading no K/V; with check_block_tables false the table entries are trusted, as
+  // Planner::plan_checked_tables) and runs one step. out/lse stay on the device.
+  void step(const StepInputs& in, bool check_block_tables = true);
+  // Reads the last step's outputs into `out` ([Tq, Hq, D] and [Tq, Hq], SPEC's -inf for empty rows).
+  void read_outputs(const OutputsView& out);
+  const StepTiming& timing() const { return timing_; }
+  const Plan& plan() const { return planner_.current(); }
+  const std::string& variant() const { return variant_; }
+
+ private:
+  struct Batch;
+  DeviceKvCache& cache_;
+  std::string schedule_, variant_name_, variant_;
+  Planner planner_;
+  StepTiming timing_;
+  std::vector<std::unique_ptr<Batch>> batches_;
+  int64_t used_batches_ = 0;
+  std::unique_ptr<DeviceArray> q_;
+  uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
+  // Host scratch, reused across steps.
+  std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_;
+  std::vector<int64_t> seg_count_;
+};
+
+}  // namespace kvouter::halide

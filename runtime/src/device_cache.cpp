@@ -1,0 +1,582 @@
+#include "kvouter/device_cache.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+#include "kvouter/aot.h"
+#include "kvouter/cuda_probe.h"
+#include "kvouter/errors.h"
+#include "kvouter/tile_layout.h"
+#include "kvouter/vulkan_probe.h"
+
+namespace kvouter::halide {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point& t) {
+  const auto now = clock_type::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - t).count();
+  t = now;
+  return ms;
+}
+
+// Halide 21's Vulkan allocator corrupts or fails allocations whose byte size is not a multiple of
+// 64 (shared/notes/halide21-vulkan.md): every allocation and every copy here is whole 64-byte lines.
+int64_t round64(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 * 64; }
+
+// Halide 21 addresses a buffer with int32 byte offsets unless built with large_buffers.
+constexpr int64_t kMaxBufferBytes = (int64_t{1} << 31) - 64;
+
+void check(int rc, const std::string& what) {
+  if (rc != 0) throw BackendError("device cache: " + what + " failed with code " + std::to_string(rc));
+}
+
+const halide_device_interface_t* device_of(const std::string& target, int bits) {
+  if (is_vulkan_target(target)) {
+    require_vulkan_device();
+  } else if (is_cuda_target(target)) {
+    require_cuda_device();
+  } else {
+    throw BackendError("device cache: target '" + target + "' is not a GPU target (host-vulkan or host-cuda)");
+  }
+  return aot_kv_writer(target, bits).device();
+}
+
+halide_type_t bits_type(Dtype t) { return halide_type_t(halide_type_uint, static_cast<uint8_t>(8 * dtype_bytes(t))); }
+
+// C order [n0, ..., nk] as Halide dimensions (nk innermost).
+int set_dims(halide_dimension_t* dims, const std::vector<int64_t>& shape) {
+  const int rank = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t e = shape[static_cast<size_t>(rank - 1 - i)];
+    if (e > std::numeric_limits<int32_t>::max() || stride > std::numeric_limits<int32_t>::max()) {
+      throw BackendError("device cache: an extent of " + std::to_string(e) + " exceeds Halide's int32 indexing");
+    }
+    dims[i] = halide_dimension_t(0, static_cast<int32_t>(e), static_cast<int32_t>(stride));
+    stride *= e;
+  }
+  return rank;
+}
+
+}  // namespace
+
+// --- DeviceArray -------------------------------------------------------------------------------
+
+DeviceArray::DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging)
+    : type_(type), dev_(dev), staging_(host_staging) {}
+
+DeviceArray::~DeviceArray() {
+  if (alloc_.device) halide_device_free(nullptr, &alloc_);
+}
+
+void DeviceArray::reserve(int64_t bytes) {
+  bytes = round64(bytes);
+  if (bytes <= capacity_) return;
+  if (bytes > kMaxBufferBytes) {
+    throw BackendError("device cache: a device array of " + std::to_string(bytes) + " bytes exceeds " +
+                       std::to_string(kMaxBufferBytes) + " (Halide's int32 addressing)");
+  }
+  if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing a device array");
+  const int64_t grown = std::min(kMaxBufferBytes, std::max(bytes, round64(capacity_ + capacity_ / 2)));
+  alloc_ = halide_buffer_t{};
+  alloc_.type = halide_type_t(halide_type_uint, 8);
+  alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
+  alloc_.dimensions = 1;
+  alloc_.dim = &alloc_dim_;
+  check(halide_device_malloc(nullptr, &alloc_, dev_), "allocating " + std::to_string(grown) + " device bytes");
+  capacity_ = grown;
+  if (staging_) host_.assign(static_cast<size_t>(grown), 0);
+}
+
+halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= std::max<int64_t>(e, 0);
+  reserve(n * type_.bytes());
+  view_ = halide_buffer_t{};
+  view_.type = type_;
+  view_.device = alloc_.device;
+  view_.device_interface = alloc_.device_interface;
+  view_.host = staging_ ? host_.data() : nullptr;
+  view_.dimensions = set_dims(dims_, shape);
+  view_.dim = dims_;
+  return &view_;
+}
+
+halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std::vector<int64_t>& shape) {
+  halide_buffer_t* v = view(shape);
+  const int64_t bytes = round64(static_cast<int64_t>(v->size_in_bytes()));
+  const int64_t used = count * type_.bytes();
+  if (used > 0) std::memcpy(host_.data(), data, static_cast<size_t>(used));
+  std::memset(host_.data() + used, 0, static_cast<size_t>(bytes - used));
+  // The copy runs through a byte view of whole 64-byte lines at offset 0 of the allocation.
+  halide_dimension_t d(0, static_cast<int32_t>(bytes), 1);
+  halide_buffer_t raw{};
+  raw.type = halide_type_t(halide_type_uint, 8);
+  raw.host = host_.data();
+  raw.device = alloc_.device;
+  raw.device_interface = alloc_.device_interface;
+  raw.dimensions = 1;
+  raw.dim = &d;
+  raw.set_host_dirty(true);
+  check(halide_copy_to_device(nullptr, &raw, dev_), "uploading " + std::to_string(bytes) + " bytes");
+  return v;
+}
+
+void DeviceArray::download(void* dst) {
+  const int64_t bytes = static_cast<int64_t>(view_.size_in_bytes());
+  halide_dimension_t d(0, static_cast<int32_t>(round64(bytes)), 1);
+  halide_buffer_t raw{};
+  raw.type = halide_type_t(halide_type_uint, 8);
+  raw.host = host_.data();
+  raw.device = alloc_.device;
+  raw.device_interface = alloc_.device_interface;
+  raw.dimensions = 1;
+  raw.dim = &d;
+  raw.set_device_dirty(true);
+  check(halide_copy_to_host(nullptr, &raw), "reading back " + std::to_string(bytes) + " bytes");
+  std::memcpy(dst, host_.data(), static_cast<size_t>(bytes));
+}
+
+// --- DeviceKvCache -----------------------------------------------------------------------------
+
+int64_t DeviceKvCache::max_segment_pages(const std::string& target, const DeviceCacheShape& shape) {
+  int64_t limit = kMaxBufferBytes;
+  if (is_vulkan_target(target)) {
+    limit = std::min<int64_t>(limit, (vulkan_max_buffer_floats() + 16) * 4 - 64);
+  }
+  const int64_t page_bytes = shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype);
+  return std::max<int64_t>(limit / page_bytes / 64 * 64, 0);
+}
+
+DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& shape, int64_t segment_pages)
+    : target_(target), shape_(shape) {
+  if (shape.num_pages <= 0) throw InputError("num_pages", "a positive page count", std::to_string(shape.num_pages));
+  if (shape.Hkv <= 0) throw InputError("Hkv", "a positive head count", std::to_string(shape.Hkv));
+  if (shape.page_size <= 0) throw InputError("page_size", "a positive page size", std::to_string(shape.page_size));
+  if (shape.D <= 0) throw InputError("D", "a positive head dimension", std::to_string(shape.D));
+  if (segment_pages < 0) throw InputError("segment_pages", "0 (automatic) or a positive page count", std::to_string(segment_pages));
+  const int bits = 8 * static_cast<int>(dtype_bytes(shape.dtype));
+  dev_ = device_of(target, bits);
+  writer_ = aot_kv_writer(target, bits).write;
+  const int64_t most = max_segment_pages(target, shape);
+  if (most <= 0) throw InputError("page_size", "pages that fit one device buffer", "a page of " + std::to_string(shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype)) + " bytes");
+  segment_pages_ = segment_pages == 0 ? std::min(most, shape.num_pages) : segment_pages;
+  if (segment_pages_ > most) {
+    throw InputError("segment_pages", "at most " + std::to_string(most) + " pages (one device buffer)", std::to_string(segment_pages));
+  }
+  const int64_t nseg = (shape.num_pages + segment_pages_ - 1) / segment_pages_;
+  const int64_t page_bytes = shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype);
+  k_.resize(static_cast<size_t>(nseg));
+  v_.resize(static_cast<size_t>(nseg));
+  for (auto* pool : {&k_, &v_}) {
+    for (int64_t s = 0; s < nseg; ++s) {
+      Segment& g = (*pool)[static_cast<size_t>(s)];
+      g.pages = std::min(segment_pages_, shape.num_pages - s * segment_pages_);
+      // Pages padded so the allocation is whole 64-byte lines; the kernels see g.pages.
+      int64_t alloc_pages = g.pages;
+      while ((alloc_pages * page_bytes) % 64 != 0) ++alloc_pages;
+      set_dims(g.dims, {alloc_pages, shape.Hkv, shape.page_size, shape.D});
+      g.bits.type = bits_type(shape.dtype);
+      g.bits.dimensions = 4;
+      g.bits.dim = g.dims;
+      check(halide_device_malloc(nullptr, &g.bits, dev_), "allocating a K/V segment of " + std::to_string(alloc_pages * page_bytes) + " bytes");
+      g.dims[3].extent = static_cast<int32_t>(g.pages);
+      g.typed = g.bits;
+      g.typed.type = storage_type(shape.dtype);
+    }
+  }
+  rows_ = std::make_unique<DeviceArray>(bits_type(shape.dtype), dev_);
+  row_page_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
+  row_slot_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
+  // Zeros everywhere, so that no position a page never had written holds a NaN that a masked
+  // weight (0 * NaN) would carry into a result: written through the scatter kernel, from one
+  // uploaded block of zero rows.
+  const int64_t row_bytes = shape.Hkv * shape.D * dtype_bytes(shape.dtype);
+  const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(shape.num_pages * shape.page_size, (int64_t{16} << 20) / row_bytes));
+  std::vector<int32_t> page(static_cast<size_t>(chunk_rows)), slot(page.size());
+  std::vector<uint8_t> zeros(static_cast<size_t>(chunk_rows * row_bytes), 0);
+  for (int64_t s = 0; s < nseg; ++s) {
+    const int64_t seg_positions = k_[static_cast<size_t>(s)].pages * shape.page_size;
+    for (int64_t p0 = 0; p0 < seg_positions; p0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, seg_positions - p0);
+      for (int64_t i = 0; i < n; ++i) {
+        page[static_cast<size_t>(i)] = static_cast<int32_t>((p0 + i) / shape.page_size);
+        slot[static_cast<size_t>(i)] = static_cast<int32_t>((p0 + i) % shape.page_size);
+      }
+      halide_buffer_t* rows = rows_->upload(zeros.data(), n * shape.Hkv * shape.D, {n, shape.Hkv, shape.D});
+      halide_buffer_t* rp = row_page_->upload(page.data(), n, {n});
+      halide_buffer_t* rs = row_slot_->upload(slot.data(), n, {n});
+      check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "clearing the K pool");
+      check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "clearing the V pool");
+    }
+  }
+  check(halide_device_sync(nullptr, &k_.front().bits), "clearing the pools (sync)");
+}
+
+DeviceKvCache::~DeviceKvCache() {
+  rows_.reset();
+  row_page_.reset();
+  row_slot_.reset();
+  for (auto* pool : {&k_, &v_}) {
+    for (Segment& g : *pool) {
+      if (g.bits.device) halide_device_free(nullptr, &g.bits);
+    }
+  }
+}
+
+void DeviceKvCache::check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
+                               int64_t rows_per_page) const {
+  const int64_t n = pages.rank == 1 ? pages.dim(0) : -1;
+  if (n < 0 || !pages.row_major()) throw InputError("pages", "a contiguous [n] array", shape_str(pages));
+  const std::vector<int64_t> want = rows_per_page > 1
+                                        ? std::vector<int64_t>{n, shape_.Hkv, shape_.page_size, shape_.D}
+                                        : std::vector<int64_t>{n, shape_.Hkv, shape_.D};
+  for (const auto& [name, x] : {std::pair<const char*, const StorageView*>{"k", &k}, {"v", &v}}) {
+    if (x->dtype != shape_.dtype) {
+      throw InputError(name, "dtype " + dtype_name(shape_.dtype) + " (the cache's)", dtype_name(x->dtype));
+    }
+    if (x->shape_vec() != want || !x->row_major()) throw InputError(name, "a contiguous " + shape_str(want), shape_str(*x));
+    if (n > 0 && x->data == nullptr) throw InputError(name, "data", "a null pointer");
+  }
+  if (n > 0 && pages.data == nullptr) throw InputError("pages", "data", "a null pointer");
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t p = pages.data[i];
+    if (p < 0 || p >= shape_.num_pages) {
+      throw InputError("pages[" + std::to_string(i) + "]", "a page id in [0, " + std::to_string(shape_.num_pages) + ")",
+                       std::to_string(p));
+    }
+  }
+}
+
+void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v) {
+  check_rows(pages, k, v, shape_.page_size);
+  const int64_t n = pages.dim(0), PS = shape_.page_size, H = shape_.Hkv;
+  const int64_t eb = dtype_bytes(shape_.dtype), row_bytes = shape_.D * eb;
+  std::unordered_set<int32_t> seen;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!seen.insert(pages.data[i]).second) {
+      throw InputError("pages[" + std::to_string(i) + "]", "each page once per call", "page " + std::to_string(pages.data[i]) + " again");
+    }
+  }
+  // [n, Hkv, PS, D] pages as [n * PS, Hkv, D] rows.
+  all_page_.resize(static_cast<size_t>(n * PS));
+  all_slot_.resize(all_page_.size());
+  k_rows_.resize(static_cast<size_t>(n * PS * H * row_bytes));
+  v_rows_.resize(k_rows_.size());
+  const auto* ks = static_cast<const uint8_t*>(k.data);
+  const auto* vs = static_cast<const uint8_t*>(v.data);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t s = 0; s < PS; ++s) {
+      const int64_t r = i * PS + s;
+      all_page_[static_cast<size_t>(r)] = pages.data[i];
+      all_slot_[static_cast<size_t>(r)] = static_cast<int32_t>(s);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t src = ((i * H + h) * PS + s) * row_bytes, dst = (r * H + h) * row_bytes;
+        std::memcpy(k_rows_.data() + dst, ks + src, static_cast<size_t>(row_bytes));
+        std::memcpy(v_rows_.data() + dst, vs + src, static_cast<size_t>(row_bytes));
+      }
+    }
+  }
+  scatter(all_page_, all_slot_, k_rows_, v_rows_);
+}
+
+void DeviceKvCache::write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
+                                 const StorageView& k, const StorageView& v) {
+  check_rows(pages, k, v, 1);
+  const int64_t n = pages.dim(0);
+  if (slots.rank != 1 || slots.dim(0) != n || !slots.row_major()) {
+    throw InputError("slots", "a contiguous [" + std::to_string(n) + "] array (one per page entry)", shape_str(slots));
+  }
+  if (n > 0 && slots.data == nullptr) throw InputError("slots", "data", "a null pointer");
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = slots.data[i];
+    if (s < 0 || s >= shape_.page_size) {
+      throw InputError("slots[" + std::to_string(i) + "]", "a slot in [0, " + std::to_string(shape_.page_size) + ")", std::to_string(s));
+    }
+    if (!seen.insert(int64_t{pages.data[i]} * shape_.page_size + s).second) {
+      throw InputError("slots[" + std::to_string(i) + "]", "each (page, slot) once per call",
+                       "page " + std::to_string(pages.data[i]) + " slot " + std::to_string(s) + " again");
+    }
+  }
+  all_page_.assign(pages.data, pages.data + n);
+  all_slot_.assign(slots.data, slots.data + n);
+  const size_t bytes = static_cast<size_t>(n * shape_.Hkv * shape_.D * dtype_bytes(shape_.dtype));
+  k_rows_.assign(static_cast<const uint8_t*>(k.data), static_cast<const uint8_t*>(k.data) + bytes);
+  v_rows_.assign(static_cast<const uint8_t*>(v.data), static_cast<const uint8_t*>(v.data) + bytes);
+  scatter(all_page_, all_slot_, k_rows_, v_rows_);
+}
+
+void DeviceKvCache::scatter(const std::vector<int32_t>& row_page, const std::vector<int32_t>& row_slot,
+                            const std::vector<uint8_t>& k_rows, const std::vector<uint8_t>& v_rows) {
+  const int64_t row_bytes = shape_.Hkv * shape_.D * dtype_bytes(shape_.dtype);
+  const int64_t elems = row_bytes / dtype_bytes(shape_.dtype);
+  for (int64_t s = 0; s < segments(); ++s) {
+    const int64_t lo = s * segment_pages_, hi = lo + k_[static_cast<size_t>(s)].pages;
+    seg_page_.clear();
+    seg_slot_.clear();
+    seg_k_.clear();
+    seg_v_.clear();
+    for (size_t r = 0; r < row_page.size(); ++r) {
+      if (row_page[r] < lo || row_page[r] >= hi) continue;
+      seg_page_.push_back(static_cast<int32_t>(row_page[r] - lo));
+      seg_slot_.push_back(row_slot[r]);
+      seg_k_.insert(seg_k_.end(), k_rows.begin() + static_cast<int64_t>(r) * row_bytes, k_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
+      seg_v_.insert(seg_v_.end(), v_rows.begin() + static_cast<int64_t>(r) * row_bytes, v_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
+    }
+    const int64_t n = static_cast<int64_t>(seg_page_.size());
+    if (n == 0) continue;
+    halide_buffer_t* rp = row_page_->upload(seg_page_.data(), n, {n});
+    halide_buffer_t* rs = row_slot_->upload(seg_slot_.data(), n, {n});
+    halide_buffer_t* rows = rows_->upload(seg_k_.data(), n * elems, {n, shape_.Hkv, shape_.D});
+    check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "writing K rows");
+    rows = rows_->upload(seg_v_.data(), n * elems, {n, shape_.Hkv, shape_.D});
+    check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "writing V rows");
+  }
+  check(halide_device_sync(nullptr, rows_->buffer()), "writing rows (sync)");
+}
+
+void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_out, void* v_out) {
+  const int64_t n = pages.rank == 1 ? pages.dim(0) : -1;
+  if (n < 0) throw InputError("pages", "an [n] array", shape_str(pages));
+  const int64_t page_bytes = shape_.Hkv * shape_.page_size * shape_.D * dtype_bytes(shape_.dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    if (pages.data[i] < 0 || pages.data[i] >= shape_.num_pages) {
+      throw InputError("pages[" + std::to_string(i) + "]", "a page id in [0, " + std::to_string(shape_.num_pages) + ")",
+                       std::to_string(pages.data[i]));
+    }
+  }
+  std::vector<uint8_t> host;
+  for (auto [pool, out] : {std::pair<std::vector<Segment>*, void*>{&k_, k_out}, {&v_, v_out}}) {
+    for (int64_t s = 0; s < segments(); ++s) {
+      Segment& g = (*pool)[static_cast<size_t>(s)];
+      const int64_t lo = s * segment_pages_;
+      bool any = false;
+      for (int64_t i = 0; i < n; ++i) any |= pages.data[i] >= lo && pages.data[i] < lo + g.pages;
+      if (!any) continue;
+      halide_dimension_t d(0, static_cast<int32_t>(round64(g.pages * page_bytes)), 1);
+      host.assign(static_cast<size_t>(d.extent), 0);
+      halide_buffer_t raw{};
+      raw.type = halide_type_t(halide_type_uint, 8);
+      raw.host = host.data();
+      raw.device = g.bits.device;
+      raw.device_interface = g.bits.device_interface;
+      raw.dimensions = 1;
+      raw.dim = &d;
+      raw.set_device_dirty(true);
+      check(halide_copy_to_host(nullptr, &raw), "reading a segment back");
+      for (int64_t i = 0; i < n; ++i) {
+        if (pages.data[i] < lo || pages.data[i] >= lo + g.pages) continue;
+        std::memcpy(static_cast<uint8_t*>(out) + i * page_bytes, host.data() + (pages.data[i] - lo) * page_bytes,
+                    static_cast<size_t>(page_bytes));
+      }
+    }
+  }
+}
+
+// --- DeviceStepRunner --------------------------------------------------------------------------
+
+// One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
+struct DeviceStepRunner::Batch {
+  explicit Batch(const halide_device_interface_t* dev)
+      : head(halide_type_of<int32_t>(), dev), pages(halide_type_of<int32_t>(), dev), query(halide_type_of<int32_t>(), dev),
+        limit(halide_type_of<int32_t>(), dev), pidx(halide_type_of<int32_t>(), dev), part(halide_type_of<float>(), dev, false),
+        out(halide_type_of<float>(), dev), lse(halide_type_of<float>(), dev), empty(halide_type_of<float>(), dev) {}
+  DeviceArray head, pages, query, limit, pidx, part, out, lse;
+  DeviceArray empty;  // a batch with no tile: one tile of empty partials, for the combine
+  halide_buffer_t* combine_part = nullptr;
+  int64_t t0 = 0, t1 = 0;
+};
+
+DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& schedule,
+                                   const std::map<std::string, std::string>& params)
+    : cache_(cache), schedule_(schedule) {
+  std::map<std::string, std::string> knobs = params;
+  if (auto it = knobs.find("variant"); it != knobs.end()) {
+    variant_name_ = it->second;
+    knobs.erase(it);
+  }
+  for (const auto& [k, v] : knobs) {
+    if (k != "T") throw BackendError("--param " + k + ": the device step runs generated variants; only T and variant may be set");
+    (void)v;
+  }
+  PlanOptions o{tile_edges_of(checked_knobs(knobs))};
+  // Every batch's buffers within one device buffer and Halide's int32 indexing.
+  o.max_batch_partial_floats = is_vulkan_target(cache.target()) ? vulkan_max_buffer_floats() : (int64_t{1} << 29) - 16;
+  planner_ = Planner(o);
+  bool any = false;
+  for (const auto& v : aot_variants()) any |= v.schedule == schedule && v.target == cache.target();
+  if (!any) throw BackendError("device step: no generated kernel for schedule '" + schedule + "' and target '" + cache.target() + "'");
+  q_ = std::make_unique<DeviceArray>(storage_type(cache.shape().dtype), cache.device());
+}
+
+DeviceStepRunner::~DeviceStepRunner() = default;
+
+void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
+  timing_ = StepTiming{};
+  auto t = clock_type::now();
+  const DeviceCacheShape& cs = cache_.shape();
+  InputsView in;
+  in.q = s.q;
+  // The plan checks K/V's shape and dtype against the rest, and reads none of their elements.
+  const void* kv = &kv_dummy_;
+  TensorView<const void> pool(kv, {cs.num_pages, cs.Hkv, cs.page_size, cs.D});
+  in.k_pages.data = pool.data;
+  in.k_pages.rank = pool.rank;
+  in.k_pages.shape = pool.shape;
+  in.k_pages.strides = pool.strides;
+  in.k_pages.dtype = cs.dtype;
+  in.v_pages = in.k_pages;
+  in.selected = s.selected;
+  in.block_tables = s.block_tables;
+  in.cu_seqlens_q = s.cu_seqlens_q;
+  in.used_kv_lens = s.used_kv_lens;
+  in.block_size = s.block_size;
+  in.page_size = cs.page_size;
+  in.causal = s.causal;
+  in.softmax_scale = s.softmax_scale;
+  const Plan& plan = check_block_tables ? planner_.plan(in) : planner_.plan_checked_tables(in);
+  const AotVariant& v = aot_select(schedule_, cache_.target(), plan, variant_name_);
+  check_generic_vulkan_loops(v, plan);
+  variant_ = v.name;
+  const Problem& p = plan.problem;
+  const TileSet& ts = plan.tiles;
+  timing_.plan_ms = ms_since(t);
+
+  const int64_t S = cache_.segments(), segp = cache_.segment_pages(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
+  const int64_t C = p.D + layout::kPartialExtra;
+  halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec());
+  const int64_t nb = p.Tq == 0 ? 0 : std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
+  while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.device()));
+  used_batches_ = nb;
+  const int64_t Qb = std::max<int64_t>(ts.query_batch, 1);
+  // Per batch: each segment's tiles (a tile per segment its pages reach), concatenated, and the
+  // partial index over S * topk ranks (rank s * topk + k: the edge's partial in segment s).
+  seg_count_.assign(static_cast<size_t>(nb * S), 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    Batch& bt = *batches_[static_cast<size_t>(b)];
+    bt.t0 = std::min(b * Qb, p.Tq);
+    bt.t1 = b + 1 == nb ? p.Tq : std::min((b + 1) * Qb, p.Tq);
+    const int64_t tb = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b)];
+    const int64_t te = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b) + 1];
+    const int64_t nq = bt.t1 - bt.t0, ranks = p.topk * S;
+    head_.clear();
+    pages_.clear();
+    query_.clear();
+    limit_.clear();
+    copy_of_.assign(static_cast<size_t>((te - tb) * S), -1);
+    for (int64_t sg = 0; sg < S; ++sg) {
+      const int64_t lo = sg * segp, hi = lo + segp;
+      for (int64_t i = tb; i < te; ++i) {
+        bool reach = false;
+        for (int64_t k = 0; k < ppb; ++k) {
+          const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
+          reach |= pg >= lo && pg < hi;
+        }
+        if (!reach) continue;
+        copy_of_[static_cast<size_t>((i - tb) * S + sg)] = static_cast<int32_t>(head_.size());
+        head_.push_back(ts.tile_head[static_cast<size_t>(i)]);
+        for (int64_t k = 0; k < ppb; ++k) {
+          const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
+          pages_.push_back(pg >= lo && pg < hi ? static_cast<int32_t>(pg - lo) : layout::kNoPage);
+        }
+        query_.insert(query_.end(), ts.tile_query.begin() + i * T, ts.tile_query.begin() + (i + 1) * T);
+        limit_.insert(limit_.end(), ts.tile_limit.begin() + i * T, ts.tile_limit.begin() + (i + 1) * T);
+        ++seg_count_[static_cast<size_t>(b * S + sg)];
+      }
+    }
+    pidx_.assign(static_cast<size_t>(nq * p.Hkv * ranks), -1);
+    for (int64_t tq = 0; tq < nq; ++tq) {
+      for (int64_t h = 0; h < p.Hkv; ++h) {
+        for (int64_t k = 0; k < p.topk; ++k) {
+          const int32_t x = ts.partial_index[static_cast<size_t>(((bt.t0 + tq) * p.Hkv + h) * p.topk + k)];
+          if (x < 0) continue;
+          const int64_t tile = x / T - tb, slot = x % T;
+          for (int64_t sg = 0; sg < S; ++sg) {
+            const int32_t c = copy_of_[static_cast<size_t>(tile * S + sg)];
+            if (c >= 0) pidx_[static_cast<size_t>((tq * p.Hkv + h) * ranks + sg * p.topk + k)] = static_cast<int32_t>(c * T + slot);
+          }
+        }
+      }
+    }
+    const int64_t nt = static_cast<int64_t>(head_.size());
+    const int64_t ntp = std::max<int64_t>(nt, 1);
+    bt.head.upload(head_.data(), nt, {ntp});
+    bt.pages.upload(pages_.data(), nt * ppb, {ntp, ppb});
+    bt.query.upload(query_.data(), nt * T, {ntp, T});
+    bt.limit.upload(limit_.data(), nt * T, {ntp, T});
+    bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks});
+    bt.part.view({ntp, T * p.qhead, C});
+    bt.out.view({nq, p.Hq, p.D});
+    bt.lse.view({nq, p.Hq});
+  }
+  check(halide_device_sync(nullptr, q), "uploads (sync)");
+  timing_.upload_ms = ms_since(t);
+
+  const std::string what = "aot " + v.name;
+  for (int64_t b = 0; b < nb; ++b) {
+    Batch& bt = *batches_[static_cast<size_t>(b)];
+    int64_t off = 0;
+    for (int64_t sg = 0; sg < S; ++sg) {
+      const int64_t n = seg_count_[static_cast<size_t>(b * S + sg)];
+      if (n == 0) continue;
+      halide_buffer_t* part = bt.part.buffer();
+      halide_buffer_t crop = *part;
+      halide_dimension_t dims[3] = {part->dim[0], part->dim[1], part->dim[2]};
+      crop.dim = dims;
+      const bool whole = off == 0 && n == part->dim[2].extent;
+      if (!whole) {
+        // This segment's slice of the partials: its tiles keep their concatenated coordinates.
+        dims[2].min = static_cast<int32_t>(off);
+        dims[2].extent = static_cast<int32_t>(n);
+        crop.host = nullptr;
+        crop.device = 0;
+        crop.device_interface = nullptr;
+        check(halide_device_crop(nullptr, part, &crop), "cropping the partials to a segment");
+      }
+      const int rc = v.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), bt.head.buffer(), bt.pages.buffer(),
+                               bt.query.buffer(), bt.limit.buffer(), p.scale, whole ? part : &crop);
+      if (!whole) halide_device_release_crop(nullptr, &crop);
+      check(rc, "forward of " + what);
+      off += n;
+    }
+    bt.combine_part = bt.part.buffer();
+    if (off == 0) {
+      // No tile: one tile of empty partials (every partial index is -1), so that the combine
+      // writes zeros and an empty LSE.
+      std::vector<float> empty(static_cast<size_t>(T * p.qhead * C), 0.f);
+      for (int64_t l = 0; l < T * p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
+      bt.combine_part = bt.empty.upload(empty.data(), static_cast<int64_t>(empty.size()), {1, T * p.qhead, C});
+    }
+  }
+  if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->combine_part), "forward (sync)");
+  timing_.forward_ms = ms_since(t);
+  for (int64_t b = 0; b < nb; ++b) {
+    Batch& bt = *batches_[static_cast<size_t>(b)];
+    check(v.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + what);
+  }
+  if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->out.buffer()), "combine (sync)");
+  timing_.combine_ms = ms_since(t);
+}
+
+void DeviceStepRunner::read_outputs(const OutputsView& out) {
+  auto t = clock_type::now();
+  const Problem& p = planner_.current().problem;
+  check_outputs(out, p);
+  if (p.Tq == 0) return;
+  for (int64_t b = 0; b < used_batches_; ++b) {
+    Batch& bt = *batches_[static_cast<size_t>(b)];
+    bt.out.download(out.out.ptr() + bt.t0 * p.Hq * p.D);
+    bt.lse.download(out.lse.ptr() + bt.t0 * p.Hq);
+  }
+  finish_lse(out.lse);
+  timing_.readback_ms = ms_since(t);
+}
+
+}  // namespace kvouter::halide

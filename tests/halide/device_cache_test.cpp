@@ -1,0 +1,326 @@
+// The device-resident KV cache and its step runner (kvouter/device_cache.h) on every GPU target
+// present: on Vulkan (lavapipe in CI, under the validation layer) and on CUDA where a device
+// exists. An engine's decode loop writes its pages in place, appends one token per sequence per
+// step and picks a new selection every step; each step is checked against the float64 oracle.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "case_kinds.h"
+#include "cli_util.h"
+#include "dense_eigen.h"
+#include "kvouter/aot.h"
+#include "kvouter/aot_kernels.h"
+#include "kvouter/cuda_probe.h"
+#include "kvouter/device_cache.h"
+#include "kvouter/errors.h"
+#include "kvouter/vulkan_probe.h"
+
+namespace kvouter {
+namespace {
+
+using halide::DeviceCacheShape;
+using halide::DeviceKvCache;
+using halide::DeviceStepRunner;
+using halide::StepInputs;
+
+// "" when the target has a device here, else the reason it does not.
+std::string missing_device(const std::string& target) {
+  std::string why;
+  if (is_vulkan_target(target)) return vulkan_devices(&why).empty() ? "no Vulkan device: " + why : "";
+  return cuda_device_count(&why) == 0 ? "no CUDA device: " + why : "";
+}
+
+#define REQUIRE_DEVICE(target)                                          \
+  do {                                                                  \
+    halide::register_generated_aot_kernels();                           \
+    const std::string why_missing = missing_device(target);             \
+    if (!why_missing.empty()) GTEST_SKIP() << why_missing;              \
+  } while (0)
+
+// An engine with a host mirror of its pool (for the oracle) and the same pages on the device.
+struct Engine {
+  static constexpr int64_t B = 3, Hq = 4, Hkv = 2, D = 32, page = 4, block = 8, topk = 3, max_pages = 8;
+  static constexpr int64_t pool_pages = B * max_pages + 5;
+  Inputs host;  // values (and bits, 16-bit) of everything; K/V mirror the device pool
+  std::vector<int32_t> lens = std::vector<int32_t>(B, 0);
+  std::vector<int32_t> free_pages;
+  std::mt19937 rng;
+  Dtype dtype;
+  DeviceKvCache* cache;
+
+  Engine(Dtype t, DeviceKvCache* c, uint32_t seed) : rng(seed), dtype(t), cache(c) {
+    host.q = Tensor<float>({B, Hq, D});
+    host.k_pages = Tensor<float>({pool_pages, Hkv, page, D});
+    host.v_pages = Tensor<float>({pool_pages, Hkv, page, D});
+    host.selected = Tensor<int32_t>({B, Hkv, topk});
+    host.block_tables = Tensor<int32_t>({B, max_pages}, -1);
+    host.cu_seqlens_q = Tensor<int64_t>({B + 1});
+    for (int64_t b = 0; b <= B; ++b) host.cu_seqlens_q.data[static_cast<size_t>(b)] = b;
+    host.used_kv_lens = Tensor<int32_t>({B});
+    host.block_size = block;
+    host.page_size = page;
+    host.store_as(dtype);
+    for (int32_t p = 0; p < pool_pages; ++p) free_pages.push_back(p);
+    std::shuffle(free_pages.begin(), free_pages.end(), rng);  // blocks straddle segments
+  }
+
+  float uniform() { return std::uniform_real_distribution<float>(-1.f, 1.f)(rng); }
+  // x rounded to the dtype, and its bits.
+  float stored(float x, uint16_t* bits) const {
+    if (dtype == Dtype::kFloat16) return half_to_float(*bits = float_to_half(x));
+    if (dtype == Dtype::kBFloat16) return bf16_to_float(*bits = float_to_bf16(x));
+    return x;
+  }
+
+  // A prefill of n tokens per sequence: its pages written whole, in one call.
+  void prefill(int n) {
+    std::vector<int32_t> pages;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int pos = 0; pos < n; pos += page) {
+        const int32_t pg = free_pages.back();
+        free_pages.pop_back();
+        host.block_tables.data[static_cast<size_t>(b * max_pages + pos / page)] = pg;
+        pages.push_back(pg);
+      }
+      lens[static_cast<size_t>(b)] = n;
+    }
+    const int64_t page_elems = Hkv * page * D;
+    std::vector<float> k(pages.size() * page_elems), v(k.size());
+    std::vector<uint16_t> k16(k.size()), v16(k.size());
+    for (size_t i = 0; i < pages.size(); ++i) {
+      for (int64_t e = 0; e < page_elems; ++e) {
+        const size_t at = i * page_elems + e, to = static_cast<size_t>(pages[i] * page_elems + e);
+        host.k_pages.data[to] = k[at] = stored(uniform(), &k16[at]);
+        host.v_pages.data[to] = v[at] = stored(uniform(), &v16[at]);
+        if (dtype != Dtype::kFloat32) {
+          host.k_bits.data[to] = k16[at];
+          host.v_bits.data[to] = v16[at];
+        }
+      }
+    }
+    const int64_t n_pages = static_cast<int64_t>(pages.size());
+    const TensorView<const int32_t> ids(pages.data(), {n_pages});
+    if (dtype == Dtype::kFloat32) {
+      cache->write_pages(ids, StorageView(k.data(), {n_pages, Hkv, page, D}), StorageView(v.data(), {n_pages, Hkv, page, D}));
+    } else {
+      cache->write_pages(ids, StorageView(k16.data(), {n_pages, Hkv, page, D}, dtype),
+                         StorageView(v16.data(), {n_pages, Hkv, page, D}, dtype));
+    }
+  }
+
+  // One token per sequence, in place: a new page from the free list when the last is full.
+  void append() {
+    std::vector<int32_t> pages, slots;
+    std::vector<float> k(B * Hkv * D), v(k.size());
+    std::vector<uint16_t> k16(k.size()), v16(k.size());
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t pos = lens[static_cast<size_t>(b)];
+      int32_t& pg = host.block_tables.data[static_cast<size_t>(b * max_pages + pos / page)];
+      if (pos % page == 0) {
+        pg = free_pages.back();
+        free_pages.pop_back();
+      }
+      pages.push_back(pg);
+      slots.push_back(pos % page);
+      for (int64_t h = 0; h < Hkv; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t at = static_cast<size_t>((b * Hkv + h) * D + d);
+          const size_t to = static_cast<size_t>(((int64_t{pg} * Hkv + h) * page + pos % page) * D + d);
+          host.k_pages.data[to] = k[at] = stored(uniform(), &k16[at]);
+          host.v_pages.data[to] = v[at] = stored(uniform(), &v16[at]);
+          if (dtype != Dtype::kFloat32) {
+            host.k_bits.data[to] = k16[at];
+            host.v_bits.data[to] = v16[at];
+          }
+        }
+      }
+      ++lens[static_cast<size_t>(b)];
+    }
+    const TensorView<const int32_t> ids(pages.data(), {B}), at(slots.data(), {B});
+    if (dtype == Dtype::kFloat32) {
+      cache->write_tokens(ids, at, StorageView(k.data(), {B, Hkv, D}), StorageView(v.data(), {B, Hkv, D}));
+    } else {
+      cache->write_tokens(ids, at, StorageView(k16.data(), {B, Hkv, D}, dtype), StorageView(v16.data(), {B, Hkv, D}, dtype));
+    }
+  }
+
+  // A new query and selection (with a repeat, padding and, with `empty`, every row empty).
+  void new_step(bool empty = false) {
+    for (size_t i = 0; i < host.q.data.size(); ++i) {
+      uint16_t bits = 0;
+      host.q.data[i] = stored(uniform(), &bits);
+      if (dtype != Dtype::kFloat32) host.q_bits.data[i] = bits;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t blocks = (lens[static_cast<size_t>(b)] + block - 1) / block;
+      host.used_kv_lens->data[static_cast<size_t>(b)] = lens[static_cast<size_t>(b)];
+      for (int64_t h = 0; h < Hkv; ++h) {
+        for (int64_t r = 0; r < topk; ++r) {
+          int32_t s = r == 0 ? blocks - 1 : static_cast<int32_t>(rng() % blocks);
+          if (r == 2 && rng() % 4 == 0) s = -1;
+          host.selected.data[static_cast<size_t>((b * Hkv + h) * topk + r)] = empty ? -1 : s;
+        }
+      }
+    }
+  }
+
+  StepInputs step_inputs() const {
+    StepInputs s;
+    s.q = dtype == Dtype::kFloat32 ? StorageView(host.q.data.data(), {B, Hq, D})
+                                   : StorageView(host.q_bits.data.data(), {B, Hq, D}, dtype);
+    s.selected = TensorView<const int32_t>(host.selected.data.data(), {B, Hkv, topk});
+    s.block_tables = TensorView<const int32_t>(host.block_tables.data.data(), {B, max_pages});
+    s.cu_seqlens_q = TensorView<const int64_t>(host.cu_seqlens_q.data.data(), {B + 1});
+    s.used_kv_lens = TensorView<const int32_t>(host.used_kv_lens->data.data(), {B});
+    s.block_size = block;
+    return s;
+  }
+};
+
+struct Param {
+  std::string target, schedule;
+  Dtype dtype;
+};
+
+class DeviceCacheTest : public ::testing::TestWithParam<Param> {};
+
+// `steps` decode steps after a prefill of 5 tokens; every step against the oracle.
+void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed) {
+  DeviceCacheShape shape{Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype};
+  DeviceKvCache cache(p.target, shape, segment_pages);
+  if (segment_pages > 0) {
+    ASSERT_EQ(cache.segments(), (Engine::pool_pages + segment_pages - 1) / segment_pages);
+  }
+  Engine e(p.dtype, &cache, seed);
+  e.prefill(5);
+  DeviceStepRunner runner(cache, p.schedule);
+  Outputs out;
+  for (int step = 0; step < steps; ++step) {
+    e.append();
+    e.new_step(step == steps - 1);
+    runner.step(e.step_inputs());
+    out = outputs_for(runner.plan().problem);
+    runner.read_outputs(out);
+    const Inputs values = testing::values_only(e.host);
+    const auto err = experiments::compare_outputs(out, reference::dense_attention<double>(values, validate(values)));
+    EXPECT_TRUE(err.ok()) << p.target << " " << p.schedule << " " << dtype_name(p.dtype) << " step " << step
+                          << " (segments " << cache.segments() << "): max|out err| " << err.max_out_err
+                          << " max|lse err| " << err.max_lse_err;
+    EXPECT_GE(runner.timing().forward_ms, 0.0);
+  }
+  // The last step selected nothing: zeros and -inf, never NaN.
+  for (float x : out.out.data) ASSERT_EQ(x, 0.f);
+  for (float x : out.lse.data) ASSERT_TRUE(std::isinf(x) && x < 0);
+}
+
+TEST_P(DeviceCacheTest, DecodeLoopMatchesTheOracleEveryStep) {
+  REQUIRE_DEVICE(GetParam().target);
+  decode_loop(GetParam(), 0, 8, 11);
+}
+
+// Pools in segments of 3 pages (blocks of 2 pages straddle them): each segment's forward over its
+// pages, the partials merged by the combine.
+TEST_P(DeviceCacheTest, SegmentedPoolMatchesTheOracleEveryStep) {
+  REQUIRE_DEVICE(GetParam().target);
+  decode_loop(GetParam(), 3, 6, 12);
+}
+
+TEST_P(DeviceCacheTest, PagesAreWrittenInPlace) {
+  REQUIRE_DEVICE(GetParam().target);
+  const Param& p = GetParam();
+  DeviceCacheShape shape{Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype};
+  DeviceKvCache cache(p.target, shape, 4);
+  Engine e(p.dtype, &cache, 13);
+  e.prefill(9);
+  e.append();
+  e.append();
+  std::vector<int32_t> all(Engine::pool_pages);
+  for (int32_t i = 0; i < Engine::pool_pages; ++i) all[static_cast<size_t>(i)] = i;
+  const int64_t eb = dtype_bytes(p.dtype), n = static_cast<int64_t>(e.host.k_pages.data.size());
+  std::vector<uint8_t> k(static_cast<size_t>(n * eb)), v(k.size());
+  cache.read_pages(TensorView<const int32_t>(all.data(), {Engine::pool_pages}), k.data(), v.data());
+  // Every page, written or not (zeros), as the host mirror holds it.
+  const void* want_k = p.dtype == Dtype::kFloat32 ? static_cast<const void*>(e.host.k_pages.data.data()) : e.host.k_bits.data.data();
+  const void* want_v = p.dtype == Dtype::kFloat32 ? static_cast<const void*>(e.host.v_pages.data.data()) : e.host.v_bits.data.data();
+  EXPECT_EQ(std::memcmp(k.data(), want_k, k.size()), 0);
+  EXPECT_EQ(std::memcmp(v.data(), want_v, v.size()), 0);
+}
+
+std::vector<Param> params() {
+  std::vector<Param> ps;
+  for (const char* target : {"host-vulkan", "host-cuda"}) {
+    for (Dtype t : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
+      ps.push_back({target, std::string(target) == "host-vulkan" ? "vulkan_onepass" : "vulkan_onepass", t});
+    }
+  }
+  ps.push_back({"host-vulkan", "vulkan_tiled", Dtype::kFloat32});
+  return ps;
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, DeviceCacheTest, ::testing::ValuesIn(params()), [](const auto& info) {
+  std::string n = info.param.target + "_" + info.param.schedule + "_" + dtype_name(info.param.dtype);
+  for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return n;
+});
+
+template <class F>
+std::string input_error_field(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.field();
+  }
+  return "(no InputError)";
+}
+
+TEST(DeviceCache, BadWritesAreTypedErrorsNamingTheField) {
+  REQUIRE_DEVICE("host-vulkan");
+  DeviceKvCache cache("host-vulkan", {8, 2, 4, 32, Dtype::kFloat32});
+  std::vector<float> k(2 * 2 * 4 * 32), v(k.size());
+  std::vector<uint16_t> k16(k.size());
+  std::vector<int32_t> pages = {1, 8}, ok_pages = {1, 2}, twice = {3, 3}, slots = {0, 4}, same_slot = {1, 1};
+  const StorageView kv(k.data(), {2, 2, 4, 32}), vv(v.data(), {2, 2, 4, 32});
+  const TensorView<const int32_t> two(ok_pages.data(), {2});
+  EXPECT_EQ(input_error_field([&] { cache.write_pages(TensorView<const int32_t>(pages.data(), {2}), kv, vv); }), "pages[1]");
+  EXPECT_EQ(input_error_field([&] { cache.write_pages(TensorView<const int32_t>(twice.data(), {2}), kv, vv); }), "pages[1]");
+  EXPECT_EQ(input_error_field([&] { cache.write_pages(two, StorageView(k16.data(), {2, 2, 4, 32}, Dtype::kBFloat16), vv); }), "k");
+  EXPECT_EQ(input_error_field([&] { cache.write_pages(two, kv, StorageView(v.data(), {2, 2, 2, 64})); }), "v");
+  const StorageView kt(k.data(), {2, 2, 32}), vt(v.data(), {2, 2, 32});
+  EXPECT_EQ(input_error_field([&] { cache.write_tokens(two, TensorView<const int32_t>(slots.data(), {2}), kt, vt); }), "slots[1]");
+  EXPECT_EQ(input_error_field([&] { cache.write_tokens(TensorView<const int32_t>(twice.data(), {2}), TensorView<const int32_t>(same_slot.data(), {2}), kt, vt); }),
+            "slots[1]");
+  EXPECT_EQ(input_error_field([&] { cache.write_tokens(two, TensorView<const int32_t>(slots.data(), {1}), kt, vt); }), "slots");
+  EXPECT_EQ(input_error_field([&] { DeviceKvCache("host-vulkan", {0, 2, 4, 32, Dtype::kFloat32}); }), "num_pages");
+  EXPECT_EQ(input_error_field([&] { DeviceKvCache("host-vulkan", {8, 2, 4, 32, Dtype::kFloat32}, int64_t{1} << 40); }), "segment_pages");
+  EXPECT_THROW(DeviceKvCache("host", {8, 2, 4, 32, Dtype::kFloat32}), BackendError);
+}
+
+TEST(DeviceCache, StepsNamingPagesBeyondThePoolOrAnotherDtypeAreRefused) {
+  REQUIRE_DEVICE("host-vulkan");
+  DeviceKvCache cache("host-vulkan", {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, Dtype::kFloat32});
+  Engine e(Dtype::kFloat32, &cache, 14);
+  e.prefill(8);
+  e.new_step();
+  DeviceStepRunner runner(cache, "vulkan_onepass");
+  e.host.block_tables.data[1] = Engine::pool_pages;  // sequence 0's second page: beyond the pool
+  EXPECT_EQ(input_error_field([&] { runner.step(e.step_inputs()); }), "block_tables[0, 1]");
+  e.host.block_tables.data[1] = 0;
+  e.host.store_as(Dtype::kBFloat16);
+  e.dtype = Dtype::kBFloat16;
+  EXPECT_EQ(input_error_field([&] { runner.step(e.step_inputs()); }), "k_pages dtype");
+}
+
+// Caches and runners on separate threads, each its own engine: every step right.
+TEST(DeviceCache, ConcurrentCachesAndRunners) {
+  REQUIRE_DEVICE("host-vulkan");
+  std::vector<std::thread> threads;
+  for (uint32_t i = 0; i < 3; ++i) {
+    threads.emplace_back([i] { decode_loop({"host-vulkan", "vulkan_onepass", i == 1 ? Dtype::kBFloat16 : Dtype::kFloat32}, i == 2 ? 5 : 0, 4, 20 + i); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace kvouter
