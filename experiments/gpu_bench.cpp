@@ -6,7 +6,7 @@
 //   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
-//                     [--dtypes float32,bfloat16,float16]
+//                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -18,6 +18,14 @@
 // inputs once, runs the kernels untimed for --warmup-ms, then --reps times back to back
 // (KernelTiming). Without the warm-up the H200's driver keeps Vulkan kernels at its idle SM clock
 // (345 MHz instead of 1980; measured, docs/vulkan.md).
+//
+// --loop N runs, after each shape's kernels, the whole step N times on a device-resident cache
+// (step_loop.h) with the first schedule on each target: decode with one appended token per
+// sequence and a new selection per step; prefill (at most 3 steps) with its pages written once.
+// --loop-pools: the cache holds the pages a selection reaches (reachable) and/or the shape's
+// whole pool (full: in segments where one buffer cannot hold it).
+//
+// Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
 // --case-dir writes each shape's inputs (npy, as `kvouter run` reads them) and the first
 // schedule's outputs there, for experiments/torch_compare.py to run PyTorch on the same data.
@@ -46,6 +54,7 @@
 #include "kvouter/plan.h"
 #include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
+#include "step_loop.h"
 
 namespace kvouter::experiments {
 namespace {
@@ -102,6 +111,9 @@ int run(int argc, char** argv) {
   double warmup_ms = 2000;
   bool check = true, all_variants = false, generic_variants = false;
   std::string json_path, case_dir;
+  int loop = 0;
+  bool loop_only = false;  // the step loops alone (no kernel runs, no CPU baseline of the case)
+  std::vector<std::string> loop_pools = {"reachable"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -119,7 +131,10 @@ int run(int argc, char** argv) {
     else if (a == "--variants-generic") generic_variants = true;
     else if (a == "--targets") targets = split(next());
     else if (a == "--dtypes") dtypes = split(next());
-    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check", a);
+    else if (a == "--loop") loop = std::stoi(next());
+    else if (a == "--loop-pools") loop_pools = split(next());
+    else if (a == "--loop-only") loop_only = true;
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only", a);
   }
   std::vector<std::pair<std::string, Dtype>> shape_dtypes;  // (shape, dtype), float32 first
   std::stable_sort(dtypes.begin(), dtypes.end(), [](const std::string& a, const std::string& b) {
@@ -178,6 +193,19 @@ int run(int argc, char** argv) {
     if (!case_dir.empty()) save_case(case_dir + "/" + label, in);
     json shape_doc = {{"shape", shape}, {"dtype", dtype_name(dtype)}, {"pool_pages", pool_pages},
                       {"reachable_pages", in.k_pages.shape[0]}};
+    // After each run: a time limit keeps what finished.
+    auto write_partial = [&] {
+      if (json_path.empty()) return;
+      const spirv::StageStats st = spirv::stage_stats();
+      doc["spirv_stage_stats"] = {{"modules", st.modules}, {"rewritten", st.rewritten},
+                                  {"fences_kept", st.fences_kept}, {"errors", st.errors},
+                                  {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
+                                  {"barriers_narrowed", st.barriers_narrowed},
+                                  {"devices_without_robust_access", st.devices_without_robust_access}};
+      json partial = doc;
+      partial["results"].push_back(shape_doc);
+      std::ofstream(json_path) << partial.dump(2) << "\n";
+    };
     Outputs baseline;
     bool have_baseline = false;
     auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
@@ -186,7 +214,7 @@ int run(int argc, char** argv) {
     // The CPU baseline checks every schedule where it is affordable (gpu-decode: 0.2 s;
     // gpu-prefill took 39 s on the GPU machine's 16 cores); otherwise the schedules are checked
     // against each other here and against PyTorch by torch_compare.py.
-    if (check && direct_plan.flops() <= kMaxCheckedFlops) {
+    if (check && !loop_only && direct_plan.flops() <= kMaxCheckedFlops) {
       const Plan& plan = direct_plan;
       const auto c0 = std::chrono::steady_clock::now();
       baseline = direct->run(plan, in);
@@ -226,6 +254,7 @@ int run(int argc, char** argv) {
         for (size_t i = 0; i < fit.size(); ++i) runs.emplace_back(target, schedule, fit[i], i == 0 ? name : fit[i]);
       }
     }
+    if (loop_only) runs.clear();
     for (const auto& [target, schedule, variant, key] : runs) {
       json r = {{"schedule", schedule}, {"backend", "aot"}, {"target", target}};
       try {
@@ -278,22 +307,40 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "%s %s: ERROR %s\n", label.c_str(), key.c_str(), e.what());
       }
       shape_doc["runs"].push_back(r);
-      if (!json_path.empty()) {  // after each run: a time limit keeps what finished
-        const spirv::StageStats st = spirv::stage_stats();
-        doc["spirv_stage_stats"] = {{"modules", st.modules}, {"rewritten", st.rewritten},
-                                    {"fences_kept", st.fences_kept}, {"errors", st.errors},
-                                    {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
-                                    {"barriers_narrowed", st.barriers_narrowed},
-                                    {"devices_without_robust_access", st.devices_without_robust_access}};
-        json partial = doc;
-        partial["results"].push_back(shape_doc);
-        std::ofstream(json_path) << partial.dump(2) << "\n";
+      write_partial();
+    }
+    for (int li = 0; loop > 0 && li < static_cast<int>(targets.size() * loop_pools.size()); ++li) {
+      const std::string& target = targets[static_cast<size_t>(li) / loop_pools.size()];
+      const std::string& pool = loop_pools[static_cast<size_t>(li) % loop_pools.size()];
+      const bool decode = in.q.shape[0] == in.cu_seqlens_q.numel() - 1;
+      experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
+      try {
+        json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
+        l["pool"] = pool;
+        shape_doc["loops"].push_back(l);
+      } catch (const std::exception& e) {
+        shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"error", e.what()}});
+        std::fprintf(stderr, "%s loop %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(), e.what());
       }
+      write_partial();
     }
     doc["results"].push_back(shape_doc);
   }
   std::printf("%s\n", doc.dump(2).c_str());
-  return 0;
+  // A result that differs from its reference fails the run (exit 1), after everything is written.
+  int differs = 0;
+  for (const auto& sd : doc["results"]) {
+    for (const auto& r : sd.value("runs", json::array())) {
+      for (const auto& [k, v] : r.items()) {
+        if (k.rfind("vs_", 0) == 0 && v.is_object() && !v.value("within_tolerance", true)) ++differs;
+      }
+    }
+    for (const auto& l : sd.value("loops", json::array())) {
+      for (const auto& c : l.value("checks", json::array())) differs += !c.value("within_tolerance", true);
+    }
+  }
+  if (differs > 0) std::fprintf(stderr, "kvouter_gpu_bench: %d result(s) DIFFER from their reference\n", differs);
+  return differs > 0 ? 1 : 0;
 }
 
 }  // namespace

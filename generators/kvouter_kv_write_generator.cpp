@@ -34,8 +34,9 @@ class KvouterKvWrite : public Generator<KvouterKvWrite> {
     pool(d, s, h, p) = undef(UInt(bits));
     Expr D = rows.dim(0).extent();
     RDom r(0, kLanes, 0, (D + kLanes - 1) / kLanes, 0, rows.dim(1).extent(), 0, rows.dim(2).extent(), "r");
-    Expr dd = r[0] + r[1] * kLanes;
-    r.where(dd < D);
+    // dd < D by the predicate; the min keeps bounds inference (which ignores it) inside D.
+    Expr dd = min(r[0] + r[1] * kLanes, D - 1);
+    r.where(r[0] + r[1] * kLanes < D);
     Expr page = clamp(row_page(r[3]), pool.dim(3).min(), pool.dim(3).max());
     Expr slot = clamp(row_slot(r[3]), pool.dim(1).min(), pool.dim(1).max());
     pool(dd, slot, r[2], page) = rows(dd, r[2], r[3]);

@@ -1,6 +1,7 @@
 #include "kvouter/device_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -68,6 +69,16 @@ int set_dims(halide_dimension_t* dims, const std::vector<int64_t>& shape) {
 
 // --- DeviceArray -------------------------------------------------------------------------------
 
+std::atomic<int64_t> DeviceArray::max_bytes_{int64_t{1} << 62};
+
+void DeviceArray::set_device_limit(const std::string& target) {
+  int64_t limit = kMaxBufferBytes;
+  if (is_vulkan_target(target)) limit = std::min<int64_t>(limit, (vulkan_max_buffer_floats() + 16) * 4 - 64);
+  int64_t cur = max_bytes_.load();
+  while (limit < cur && !max_bytes_.compare_exchange_weak(cur, limit)) {
+  }
+}
+
 DeviceArray::DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging)
     : type_(type), dev_(dev), staging_(host_staging) {}
 
@@ -78,12 +89,14 @@ DeviceArray::~DeviceArray() {
 void DeviceArray::reserve(int64_t bytes) {
   bytes = round64(bytes);
   if (bytes <= capacity_) return;
-  if (bytes > kMaxBufferBytes) {
+  const int64_t most = std::min(kMaxBufferBytes, max_bytes_.load());
+  if (bytes > most) {
     throw BackendError("device cache: a device array of " + std::to_string(bytes) + " bytes exceeds " +
-                       std::to_string(kMaxBufferBytes) + " (Halide's int32 addressing)");
+                       std::to_string(most) + " (one storage buffer of the device, or Halide's int32 addressing)");
   }
-  if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing a device array");
-  const int64_t grown = std::min(kMaxBufferBytes, std::max(bytes, round64(capacity_ + capacity_ / 2)));
+  if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing an outgrown device array");
+  // Never past what one descriptor may bind: Halide binds the whole allocation.
+  const int64_t grown = std::min(most / 64 * 64, std::max(bytes, round64(capacity_ + capacity_ / 2)));
   alloc_ = halide_buffer_t{};
   alloc_.type = halide_type_t(halide_type_uint, 8);
   alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
@@ -163,6 +176,7 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
   if (segment_pages < 0) throw InputError("segment_pages", "0 (automatic) or a positive page count", std::to_string(segment_pages));
   const int bits = 8 * static_cast<int>(dtype_bytes(shape.dtype));
   dev_ = device_of(target, bits);
+  DeviceArray::set_device_limit(target);
   writer_ = aot_kv_writer(target, bits).write;
   const int64_t most = max_segment_pages(target, shape);
   if (most <= 0) throw InputError("page_size", "pages that fit one device buffer", "a page of " + std::to_string(shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype)) + " bytes");
@@ -383,12 +397,25 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
 // --- DeviceStepRunner --------------------------------------------------------------------------
 
 // One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
-struct DeviceStepRunner::Batch {
-  explicit Batch(const halide_device_interface_t* dev)
+// One segment's tiles of a batch (its own arrays, from tile 0: Halide 21's Vulkan device crops
+// bind invalid descriptor ranges, docs/vulkan.md limit 13), and where its partials go.
+struct SegmentTiles {
+  explicit SegmentTiles(const halide_device_interface_t* dev)
       : head(halide_type_of<int32_t>(), dev), pages(halide_type_of<int32_t>(), dev), query(halide_type_of<int32_t>(), dev),
-        limit(halide_type_of<int32_t>(), dev), pidx(halide_type_of<int32_t>(), dev), part(halide_type_of<float>(), dev, false),
-        out(halide_type_of<float>(), dev), lse(halide_type_of<float>(), dev), empty(halide_type_of<float>(), dev) {}
-  DeviceArray head, pages, query, limit, pidx, part, out, lse;
+        limit(halide_type_of<int32_t>(), dev), part(halide_type_of<float>(), dev, false),
+        to_tile(halide_type_of<int32_t>(), dev), zeros(halide_type_of<int32_t>(), dev) {}
+  DeviceArray head, pages, query, limit, part, to_tile, zeros;
+  int64_t n = 0, offset = 0;
+};
+
+// One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
+struct DeviceStepRunner::Batch {
+  explicit Batch(const halide_device_interface_t* d)
+      : dev(d), pidx(halide_type_of<int32_t>(), d), part(halide_type_of<float>(), d, false), out(halide_type_of<float>(), d),
+        lse(halide_type_of<float>(), d), empty(halide_type_of<float>(), d) {}
+  const halide_device_interface_t* dev;
+  std::vector<std::unique_ptr<SegmentTiles>> seg;
+  DeviceArray pidx, part, out, lse;
   DeviceArray empty;  // a batch with no tile: one tile of empty partials, for the combine
   halide_buffer_t* combine_part = nullptr;
   int64_t t0 = 0, t1 = 0;
@@ -506,13 +533,29 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       }
     }
     const int64_t nt = static_cast<int64_t>(head_.size());
-    const int64_t ntp = std::max<int64_t>(nt, 1);
-    bt.head.upload(head_.data(), nt, {ntp});
-    bt.pages.upload(pages_.data(), nt * ppb, {ntp, ppb});
-    bt.query.upload(query_.data(), nt * T, {ntp, T});
-    bt.limit.upload(limit_.data(), nt * T, {ntp, T});
+    while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.device()));
+    int64_t off = 0;
+    for (int64_t sg = 0; sg < S; ++sg) {
+      SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
+      st.n = seg_count_[static_cast<size_t>(b * S + sg)];
+      st.offset = off;
+      off += st.n;
+      if (st.n == 0) continue;
+      st.head.upload(head_.data() + st.offset, st.n, {st.n});
+      st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb});
+      st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T});
+      st.limit.upload(limit_.data() + st.offset * T, st.n * T, {st.n, T});
+      if (S > 1) {
+        // Where the segment's partials go in the batch's: tiles [offset, offset + n).
+        iota_.resize(static_cast<size_t>(st.n));
+        for (int64_t i = 0; i < st.n; ++i) iota_[static_cast<size_t>(i)] = static_cast<int32_t>(st.offset + i);
+        st.to_tile.upload(iota_.data(), st.n, {st.n});
+        st.zeros.upload(nullptr, 0, {st.n});
+        st.part.view({st.n, T * p.qhead, C});
+      }
+    }
     bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks});
-    bt.part.view({ntp, T * p.qhead, C});
+    bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
   }
@@ -520,34 +563,40 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   timing_.upload_ms = ms_since(t);
 
   const std::string what = "aot " + v.name;
+  const AotKvWriteFn copy = S > 1 ? aot_kv_writer(cache_.target(), 32).write : nullptr;
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    int64_t off = 0;
+    int64_t done = 0;
     for (int64_t sg = 0; sg < S; ++sg) {
-      const int64_t n = seg_count_[static_cast<size_t>(b * S + sg)];
-      if (n == 0) continue;
-      halide_buffer_t* part = bt.part.buffer();
-      halide_buffer_t crop = *part;
-      halide_dimension_t dims[3] = {part->dim[0], part->dim[1], part->dim[2]};
-      crop.dim = dims;
-      const bool whole = off == 0 && n == part->dim[2].extent;
-      if (!whole) {
-        // This segment's slice of the partials: its tiles keep their concatenated coordinates.
-        dims[2].min = static_cast<int32_t>(off);
-        dims[2].extent = static_cast<int32_t>(n);
-        crop.host = nullptr;
-        crop.device = 0;
-        crop.device_interface = nullptr;
-        check(halide_device_crop(nullptr, part, &crop), "cropping the partials to a segment");
+      SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
+      if (st.n == 0) continue;
+      // One segment: straight into the batch's partials. Several: into the segment's own, then
+      // copied into place by the scatter kernel (the partials as rows of 32-bit words).
+      halide_buffer_t* part = S == 1 ? bt.part.buffer() : st.part.buffer();
+      check(v.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), st.head.buffer(), st.pages.buffer(),
+                      st.query.buffer(), st.limit.buffer(), p.scale, part),
+            "forward of " + what);
+      if (S > 1) {
+        const int32_t row_words = part->dim[1].extent * part->dim[0].extent;
+        halide_dimension_t src_dims[3] = {{0, part->dim[0].extent, 1}, {0, part->dim[1].extent, part->dim[0].extent},
+                                          {0, part->dim[2].extent, row_words}};
+        halide_buffer_t src = *part;
+        src.type = halide_type_t(halide_type_uint, 32);
+        src.dim = src_dims;
+        src.dimensions = 3;
+        halide_buffer_t* all = bt.part.buffer();
+        halide_dimension_t dst_dims[4] = {{0, all->dim[0].extent, 1}, {0, 1, row_words},
+                                          {0, all->dim[1].extent, all->dim[0].extent}, {0, all->dim[2].extent, row_words}};
+        halide_buffer_t dst = *all;
+        dst.type = src.type;
+        dst.dim = dst_dims;
+        dst.dimensions = 4;
+        check(copy(&src, st.to_tile.buffer(), st.zeros.buffer(), &dst), "placing a segment's partials");
       }
-      const int rc = v.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), bt.head.buffer(), bt.pages.buffer(),
-                               bt.query.buffer(), bt.limit.buffer(), p.scale, whole ? part : &crop);
-      if (!whole) halide_device_release_crop(nullptr, &crop);
-      check(rc, "forward of " + what);
-      off += n;
+      done += st.n;
     }
     bt.combine_part = bt.part.buffer();
-    if (off == 0) {
+    if (done == 0) {
       // No tile: one tile of empty partials (every partial index is -1), so that the combine
       // writes zeros and an empty LSE.
       std::vector<float> empty(static_cast<size_t>(T * p.qhead * C), 0.f);

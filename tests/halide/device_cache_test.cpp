@@ -147,7 +147,7 @@ struct Engine {
   }
 
   // A new query and selection (with a repeat, padding and, with `empty`, every row empty).
-  void new_step(bool empty = false) {
+  void new_step(bool empty = false, int64_t ranks = topk) {
     for (size_t i = 0; i < host.q.data.size(); ++i) {
       uint16_t bits = 0;
       host.q.data[i] = stored(uniform(), &bits);
@@ -160,6 +160,7 @@ struct Engine {
         for (int64_t r = 0; r < topk; ++r) {
           int32_t s = r == 0 ? blocks - 1 : static_cast<int32_t>(rng() % blocks);
           if (r == 2 && rng() % 4 == 0) s = -1;
+          if (r >= ranks) s = -1;
           host.selected.data[static_cast<size_t>((b * Hkv + h) * topk + r)] = empty ? -1 : s;
         }
       }
@@ -187,14 +188,14 @@ struct Param {
 class DeviceCacheTest : public ::testing::TestWithParam<Param> {};
 
 // `steps` decode steps after a prefill of 5 tokens; every step against the oracle.
-void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed) {
+void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed, int prefill = 5) {
   DeviceCacheShape shape{Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype};
   DeviceKvCache cache(p.target, shape, segment_pages);
   if (segment_pages > 0) {
     ASSERT_EQ(cache.segments(), (Engine::pool_pages + segment_pages - 1) / segment_pages);
   }
   Engine e(p.dtype, &cache, seed);
-  e.prefill(5);
+  e.prefill(prefill);
   DeviceStepRunner runner(cache, p.schedule);
   Outputs out;
   for (int step = 0; step < steps; ++step) {
@@ -225,6 +226,36 @@ TEST_P(DeviceCacheTest, DecodeLoopMatchesTheOracleEveryStep) {
 TEST_P(DeviceCacheTest, SegmentedPoolMatchesTheOracleEveryStep) {
   REQUIRE_DEVICE(GetParam().target);
   decode_loop(GetParam(), 3, 6, 12);
+}
+
+// Steps whose plans grow (one more rank selected each step), so that the runner's device arrays
+// outgrow their allocations while the others live.
+TEST_P(DeviceCacheTest, GrowingStepsMatchTheOracle) {
+  REQUIRE_DEVICE(GetParam().target);
+  const Param& p = GetParam();
+  DeviceKvCache cache(p.target, {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype}, 4);
+  Engine e(p.dtype, &cache, 17);
+  e.prefill(20);
+  DeviceStepRunner runner(cache, p.schedule);
+  for (int64_t ranks = 1; ranks <= Engine::topk; ++ranks) {
+    for (int rep = 0; rep < 2; ++rep) {
+      e.append();
+      e.new_step(false, ranks);
+      runner.step(e.step_inputs());
+      Outputs out = outputs_for(runner.plan().problem);
+      runner.read_outputs(out);
+      const Inputs values = testing::values_only(e.host);
+      const auto err = experiments::compare_outputs(out, reference::dense_attention<double>(values, validate(values)));
+      EXPECT_TRUE(err.ok()) << "ranks " << ranks << ": max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+    }
+  }
+}
+
+// Sequences grown to the last position their block tables hold.
+TEST_P(DeviceCacheTest, SequencesFilledToTheirTablesEnd) {
+  REQUIRE_DEVICE(GetParam().target);
+  decode_loop(GetParam(), 3, 4, 15, Engine::max_pages * Engine::page - 4);
+  decode_loop(GetParam(), 0, 4, 16, Engine::max_pages * Engine::page - 4);
 }
 
 TEST_P(DeviceCacheTest, PagesAreWrittenInPlace) {

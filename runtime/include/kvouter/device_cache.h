@@ -7,15 +7,18 @@
 // A pool larger than one device buffer (the device's storage-buffer limit, or 2^31 bytes, the most
 // Halide 21 addresses without large_buffers) is held in segments of whole pages. A step then runs
 // the forward once per segment that its tiles reach, each over its tiles with the other segments'
-// pages masked as unallocated, into its own slice of one partials buffer; the combine merges a
-// query's partials across the segments by the same log-sum-exp rule (SPEC section 2), so a block
-// whose pages straddle two segments is still exact.
+// pages masked as unallocated, into partials of its own, which the scatter kernel then places in
+// one partials buffer (not through device crops: Halide 21's Vulkan runtime binds a crop with an
+// offset past its own buffer, docs/vulkan.md limit 13); the combine merges a query's partials
+// across the segments by the same log-sum-exp rule (SPEC section 2), so a block whose pages
+// straddle two segments is still exact.
 //
 // Neither class is thread-safe; separate caches and runners may be used from separate threads.
 #pragma once
 
 #include <HalideRuntime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,10 +52,13 @@ class DeviceArray {
   // Copies the view's elements back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
+  // Caps every array's allocation at what one buffer of the target's devices may bind.
+  static void set_device_limit(const std::string& target);
   int64_t capacity_bytes() const { return capacity_; }
 
  private:
   void reserve(int64_t bytes);
+  static std::atomic<int64_t> max_bytes_;  // the least limit of the targets in use
   halide_type_t type_;
   const halide_device_interface_t* dev_;
   bool staging_;
@@ -163,7 +169,7 @@ class DeviceStepRunner {
   std::unique_ptr<DeviceArray> q_;
   uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
   // Host scratch, reused across steps.
-  std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_;
+  std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;
   std::vector<int64_t> seg_count_;
 };
 

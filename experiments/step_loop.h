@@ -1,0 +1,29 @@
+// The whole inference step on a device-resident cache (kvouter/device_cache.h), as an engine runs
+// it: kvouter_gpu_bench --loop N. See step_loop.cpp.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kvouter/backend.h"
+
+namespace kvouter::experiments {
+
+struct StepLoopOptions {
+  std::string target, schedule;
+  int steps = 64;
+  // The cache holds the case's whole pool (pool_pages, its reachable pages spread over it, in
+  // segments where one buffer cannot hold it) instead of only the pages a selection reaches.
+  bool full_pool = false;
+  uint64_t seed = 5;
+};
+
+// Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:
+// one query per sequence) one appended token per sequence, a new selection and a new query;
+// prefill steps repeat the case. Per step: append, plan, uploads, kernels, readback. The first
+// and last steps' outputs are checked: decode against the CPU direct baseline of that step's
+// inputs (check_with_direct), prefill against `reference` (the same inputs' outputs) when given.
+nlohmann::json run_step_loop(const Inputs& in, const StepLoopOptions& opt, bool check_with_direct,
+                             const Outputs* reference = nullptr);
+
+}  // namespace kvouter::experiments
