@@ -112,6 +112,13 @@ class Problem:
         L = c["used_kv_lens"].astype(np.int64) if c["used_kv_lens"] is not None else np.full(self.B, self.msb * self.BS)
         self.scale = float(c.get("softmax_scale") or 1.0 / math.sqrt(self.D))
         self.causal = bool(c["causal"])
+        self.cu = cu
+        self.bt = torch.from_numpy(bt.astype(np.int64)).to(DEV)
+        self.set_step(c["selected"], L)
+
+    def set_step(self, selected, L):
+        """The selection and lengths of a step: what the gather needs of them, on the device."""
+        cu = self.cu
         seq = np.repeat(np.arange(self.B), np.diff(cu))
         i = np.arange(self.Tq) - cu[seq]
         qo = np.diff(cu)[seq]
@@ -119,8 +126,7 @@ class Problem:
         self.seq = torch.from_numpy(seq).to(DEV)
         self.L = torch.from_numpy(L).to(DEV)
         self.bound = torch.from_numpy(np.minimum(bound, L[seq] - 1)).to(DEV)  # last attended position
-        self.bt = torch.from_numpy(bt.astype(np.int64)).to(DEV)
-        sel = torch.from_numpy(c["selected"].astype(np.int64)).to(DEV)  # [Tq, Hkv, topk]
+        sel = torch.from_numpy(selected.astype(np.int64)).to(DEV)  # [Tq, Hkv, topk]
         ok = (sel >= 0) & (sel < self.msb)
         # Dedup: an id counts once however often it repeats in its row.
         s_sorted, order = torch.sort(torch.where(ok, sel, -1), dim=-1)
@@ -238,6 +244,54 @@ def flex_setup(P):
     return run, unpad, {"block_mask_s": mask_s, "compile_and_first_call_s": compile_s}
 
 
+def decode_loop(c, P, steps, seed=5):
+    """kvouter_gpu_bench --loop's decode loop in PyTorch, on the same pool: per step one token per
+    sequence written into the paged K/V in place, a new query and selection (the query's own
+    block, block 0, distinct random held blocks) planned and uploaded, the gather attention, and
+    out/lse read back. Per phase wall times, each synchronised; medians."""
+    rng = np.random.default_rng(seed)
+    L = (c["used_kv_lens"].astype(np.int64) if c["used_kv_lens"] is not None else np.full(P.B, P.msb * P.BS)) - steps
+    L = np.maximum(L, 1)
+    bt = c["block_tables"]
+    held = [np.nonzero(bt[b, ::P.ppb] >= 0)[0] for b in range(P.B)]
+    sel = np.full((P.Tq, P.Hkv, P.topk), -1, np.int32)
+    times = {k: [] for k in ["append", "plan_upload", "kernels", "readback", "step"]}
+    for _ in range(steps):
+        pos = L.copy()
+        page = bt[np.arange(P.B), pos // P.PS]
+        newk = torch.from_numpy(rng.uniform(-1, 1, (P.B, P.Hkv, P.D)).astype(np.float32)).to(P.dtype)
+        newv = torch.from_numpy(rng.uniform(-1, 1, (P.B, P.Hkv, P.D)).astype(np.float32)).to(P.dtype)
+        L = L + 1
+        for b in range(P.B):
+            own = (L[b] - 1) // P.BS
+            pool = held[b][(held[b] != own) & (held[b] != 0) & (held[b] < own)]
+            for h in range(P.Hkv):
+                ids = [own] + ([0] if own != 0 else []) + list(rng.permutation(pool)[: P.topk - 2])
+                sel[b, h, :] = -1
+                sel[b, h, : min(len(ids), P.topk)] = ids[: P.topk]
+        q = torch.from_numpy(rng.uniform(-1, 1, tuple(P.q.shape)).astype(np.float32)).to(P.dtype)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pg = torch.from_numpy(page.astype(np.int64)).to(DEV)
+        sl = torch.from_numpy((pos % P.PS).astype(np.int64)).to(DEV)
+        P.kp[pg, :, sl] = newk.to(DEV)
+        P.vp[pg, :, sl] = newv.to(DEV)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        P.q = q.to(DEV)
+        P.set_step(sel, L)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        o, l = gather_attention(P)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        o.cpu(), l.cpu()
+        t4 = time.perf_counter()
+        for k, a, b in [("append", t0, t1), ("plan_upload", t1, t2), ("kernels", t2, t3), ("readback", t3, t4), ("step", t1, t4)]:
+            times[k].append((b - a) * 1e3)
+    return {k + "_ms": {"median": statistics.median(v), "all": v} for k, v in times.items()}
+
+
 def dense_sdpa_setup(P):
     """Dense causal attention over every sequence's whole context (L_b positions), in the storage
     dtype, through torch's scaled_dot_product_attention: what the sparse selection saves. Its
@@ -281,6 +335,7 @@ def main():
     ap.add_argument("--shapes", default="gpu-decode,gpu-prefill")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--loop", type=int, default=0, help="also run the decode step loop this many steps (one query per sequence)")
     a = ap.parse_args()
     doc = {"tool": "experiments/torch_compare.py", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
            "tf32": False, "roofline": machine_roofline(a.reps), "results": []}
@@ -315,6 +370,12 @@ def main():
         except Exception as e:  # noqa: BLE001
             r["flex"] = {"error": repr(e)[:500]}
         torch.cuda.empty_cache()
+        if a.loop and P.Tq == P.B:
+            try:
+                r["gather_loop"] = decode_loop(c, Problem(c), a.loop)
+            except Exception as e:  # noqa: BLE001
+                r["gather_loop"] = {"error": repr(e)[:500]}
+            torch.cuda.empty_cache()
         try:
             run, info = dense_sdpa_setup(P)
             ms, all_ms = timed(run, a.reps)

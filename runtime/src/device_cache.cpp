@@ -214,7 +214,7 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
   const int64_t row_bytes = shape.Hkv * shape.D * dtype_bytes(shape.dtype);
   const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(shape.num_pages * shape.page_size, (int64_t{16} << 20) / row_bytes));
   std::vector<int32_t> page(static_cast<size_t>(chunk_rows)), slot(page.size());
-  std::vector<uint8_t> zeros(static_cast<size_t>(chunk_rows * row_bytes), 0);
+  rows_->upload(nullptr, 0, {chunk_rows, shape.Hkv, shape.D});
   for (int64_t s = 0; s < nseg; ++s) {
     const int64_t seg_positions = k_[static_cast<size_t>(s)].pages * shape.page_size;
     for (int64_t p0 = 0; p0 < seg_positions; p0 += chunk_rows) {
@@ -223,7 +223,7 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
         page[static_cast<size_t>(i)] = static_cast<int32_t>((p0 + i) / shape.page_size);
         slot[static_cast<size_t>(i)] = static_cast<int32_t>((p0 + i) % shape.page_size);
       }
-      halide_buffer_t* rows = rows_->upload(zeros.data(), n * shape.Hkv * shape.D, {n, shape.Hkv, shape.D});
+      halide_buffer_t* rows = rows_->view({n, shape.Hkv, shape.D});  // zeros, uploaded once
       halide_buffer_t* rp = row_page_->upload(page.data(), n, {n});
       halide_buffer_t* rs = row_slot_->upload(slot.data(), n, {n});
       check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "clearing the K pool");

@@ -12,6 +12,7 @@
 
 #include "kvouter/aot.h"
 #include "kvouter/aot_kernels.h"
+#include "kvouter/device_cache.h"
 #include "kvouter/plan.h"
 #include "kvouter/vulkan_probe.h"
 
@@ -184,6 +185,70 @@ void decode_loop(Backend& backend, Dtype dtype, int steps, const char* what, int
               e.lens[2], bad);
 }
 
+// The same loop with the pool on the device (kvouter/device_cache.h): each appended token is
+// written into the cache in place, a step uploads only q and its plan, and out/lse are read back
+// into the engine's buffers.
+void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* passed, int* failed) {
+  Engine e;
+  e.dtype = dtype;
+  halide::DeviceKvCache cache(target, {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, dtype});
+  auto append = [&] {
+    e.append();
+    std::vector<int32_t> pages, slots;
+    std::vector<float> k, v;
+    std::vector<uint16_t> k16, v16;
+    for (int64_t b = 0; b < Engine::B; ++b) {
+      const int32_t pos = e.lens[b] - 1;
+      const int32_t pg = e.tables[b * Engine::max_pages + pos / Engine::page];
+      pages.push_back(pg);
+      slots.push_back(pos % Engine::page);
+      for (int64_t h = 0; h < Engine::Hkv; ++h) {
+        const int64_t at = ((int64_t{pg} * Engine::Hkv + h) * Engine::page + pos % Engine::page) * Engine::D;
+        k.insert(k.end(), e.k.begin() + at, e.k.begin() + at + Engine::D);
+        v.insert(v.end(), e.v.begin() + at, e.v.begin() + at + Engine::D);
+        k16.insert(k16.end(), e.k16.begin() + at, e.k16.begin() + at + Engine::D);
+        v16.insert(v16.end(), e.v16.begin() + at, e.v16.begin() + at + Engine::D);
+      }
+    }
+    const TensorView<const int32_t> pv(pages.data(), {Engine::B}), sv(slots.data(), {Engine::B});
+    if (dtype == Dtype::kFloat32) {
+      cache.write_tokens(pv, sv, StorageView(k.data(), {Engine::B, Engine::Hkv, Engine::D}),
+                         StorageView(v.data(), {Engine::B, Engine::Hkv, Engine::D}));
+    } else {
+      cache.write_tokens(pv, sv, StorageView(k16.data(), {Engine::B, Engine::Hkv, Engine::D}, dtype),
+                         StorageView(v16.data(), {Engine::B, Engine::Hkv, Engine::D}, dtype));
+    }
+  };
+  for (int i = 0; i < 5; ++i) append();
+  halide::DeviceStepRunner runner(cache, "vulkan_onepass");
+  int bad = 0;
+  for (int step = 0; step < steps; ++step) {
+    append();
+    e.new_query_and_selection();
+    const InputsView in = e.view();
+    halide::StepInputs s;
+    s.q = in.q;
+    s.selected = in.selected;
+    s.block_tables = in.block_tables;
+    s.cu_seqlens_q = in.cu_seqlens_q;
+    s.used_kv_lens = in.used_kv_lens;
+    s.block_size = in.block_size;
+    runner.step(s, false);  // the engine wrote its tables itself
+    runner.read_outputs(OutputsView(TensorView<float>(e.out.data(), {Engine::B, Engine::Hq, Engine::D}),
+                                    TensorView<float>(e.lse.data(), {Engine::B, Engine::Hq})));
+    const double err = e.max_error();
+    (err < 1e-4 ? *passed : *failed)++;
+    if (err >= 1e-4) {
+      std::printf("device cache on %s, decode step %d: max error %g\n", target.c_str(), step, err);
+      ++bad;
+    }
+  }
+  std::printf("decode loop (device cache on %s, %s): %d steps, %d wrong; last step: plan %.3f ms, uploads %.3f ms, "
+              "kernels %.3f ms, readback %.3f ms\n",
+              target.c_str(), dtype_name(dtype).c_str(), steps, bad, runner.timing().plan_ms, runner.timing().upload_ms,
+              runner.timing().forward_ms + runner.timing().combine_ms, runner.timing().readback_ms);
+}
+
 }  // namespace
 
 int main() {
@@ -199,6 +264,8 @@ int main() {
     auto vk = halide::make_aot_backend({"aot", "vulkan_tiled", {}, "host-vulkan"});
     decode_loop(*vk, Dtype::kFloat32, 10, "vulkan_tiled on host-vulkan, float32", &passed, &failed);
     decode_loop(*vk, Dtype::kBFloat16, 10, "vulkan_tiled on host-vulkan, bfloat16", &passed, &failed);
+    device_decode_loop("host-vulkan", Dtype::kFloat32, 10, &passed, &failed);
+    device_decode_loop("host-vulkan", Dtype::kBFloat16, 10, &passed, &failed);
   }
   std::printf("%zu AOT variants; %d passed, %d failed\n", halide::aot_variants().size(), passed, failed);
   return failed == 0 ? 0 : 1;
