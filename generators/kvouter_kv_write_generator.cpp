@@ -54,7 +54,9 @@ class KvouterKvWrite : public Generator<KvouterKvWrite> {
     if (t.has_gpu_feature()) {
       // The pure (undef) stage on the device too: no host access, so the pool needs no host memory.
       pool.gpu_blocks(p);
-      pool.update().allow_race_conditions().gpu_blocks(r[2], r[3]).gpu_threads(r[0]);
+      // Rows along x: the only grid dimension past 65535 workgroups on CUDA and NVIDIA's Vulkan
+      // (DeviceKvCache writes at most kMaxRowsPerCall rows a call, within every device's limits).
+      pool.update().allow_race_conditions().gpu_blocks(r[3], r[2]).gpu_threads(r[0]);
     } else {
       pool.update().allow_race_conditions().parallel(r[3]);
     }

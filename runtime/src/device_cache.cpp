@@ -12,6 +12,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
+#include "kvouter/vulkan_readback.h"
 
 namespace kvouter::halide {
 
@@ -29,6 +30,10 @@ double ms_since(clock_type::time_point& t) {
 // Halide 21's Vulkan allocator corrupts or fails allocations whose byte size is not a multiple of
 // 64 (shared/notes/halide21-vulkan.md): every allocation and every copy here is whole 64-byte lines.
 int64_t round64(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 * 64; }
+
+// Rows per call of the scatter kernel: its grid's x extent, below the 65535 workgroups that some
+// devices allow (lavapipe, in every dimension).
+constexpr int64_t kMaxRowsPerCall = 32768;
 
 // Halide 21 addresses a buffer with int32 byte offsets unless built with large_buffers.
 constexpr int64_t kMaxBufferBytes = (int64_t{1} << 31) - 64;
@@ -81,6 +86,9 @@ void DeviceArray::set_device_limit(const std::string& target) {
 
 DeviceArray::DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging)
     : type_(type), dev_(dev), staging_(host_staging) {}
+
+bool DeviceArray::fast_readback_ = true;
+void DeviceArray::set_fast_readback(bool on) { fast_readback_ = on; }
 
 DeviceArray::~DeviceArray() {
   if (alloc_.device) halide_device_free(nullptr, &alloc_);
@@ -143,6 +151,7 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
 
 void DeviceArray::download(void* dst) {
   const int64_t bytes = static_cast<int64_t>(view_.size_in_bytes());
+  if (fast_readback_ && vulkan_read_device(&alloc_, bytes, dst)) return;
   halide_dimension_t d(0, static_cast<int32_t>(round64(bytes)), 1);
   halide_buffer_t raw{};
   raw.type = halide_type_t(halide_type_uint, 8);
@@ -212,7 +221,8 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
   // weight (0 * NaN) would carry into a result: written through the scatter kernel, from one
   // uploaded block of zero rows.
   const int64_t row_bytes = shape.Hkv * shape.D * dtype_bytes(shape.dtype);
-  const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(shape.num_pages * shape.page_size, (int64_t{16} << 20) / row_bytes));
+  const int64_t chunk_rows = std::max<int64_t>(
+      1, std::min({shape.num_pages * shape.page_size, (int64_t{16} << 20) / row_bytes, kMaxRowsPerCall}));
   std::vector<int32_t> page(static_cast<size_t>(chunk_rows)), slot(page.size());
   rows_->upload(nullptr, 0, {chunk_rows, shape.Hkv, shape.D});
   for (int64_t s = 0; s < nseg; ++s) {
@@ -344,14 +354,17 @@ void DeviceKvCache::scatter(const std::vector<int32_t>& row_page, const std::vec
       seg_k_.insert(seg_k_.end(), k_rows.begin() + static_cast<int64_t>(r) * row_bytes, k_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
       seg_v_.insert(seg_v_.end(), v_rows.begin() + static_cast<int64_t>(r) * row_bytes, v_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
     }
-    const int64_t n = static_cast<int64_t>(seg_page_.size());
-    if (n == 0) continue;
-    halide_buffer_t* rp = row_page_->upload(seg_page_.data(), n, {n});
-    halide_buffer_t* rs = row_slot_->upload(seg_slot_.data(), n, {n});
-    halide_buffer_t* rows = rows_->upload(seg_k_.data(), n * elems, {n, shape_.Hkv, shape_.D});
-    check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "writing K rows");
-    rows = rows_->upload(seg_v_.data(), n * elems, {n, shape_.Hkv, shape_.D});
-    check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "writing V rows");
+    // At most kMaxRowsPerCall rows a call: the kernel's grid is one workgroup per (row, head).
+    const int64_t total = static_cast<int64_t>(seg_page_.size());
+    for (int64_t r0 = 0; r0 < total; r0 += kMaxRowsPerCall) {
+      const int64_t n = std::min(kMaxRowsPerCall, total - r0);
+      halide_buffer_t* rp = row_page_->upload(seg_page_.data() + r0, n, {n});
+      halide_buffer_t* rs = row_slot_->upload(seg_slot_.data() + r0, n, {n});
+      halide_buffer_t* rows = rows_->upload(seg_k_.data() + r0 * row_bytes, n * elems, {n, shape_.Hkv, shape_.D});
+      check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "writing K rows");
+      rows = rows_->upload(seg_v_.data() + r0 * row_bytes, n * elems, {n, shape_.Hkv, shape_.D});
+      check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "writing V rows");
+    }
   }
   check(halide_device_sync(nullptr, rows_->buffer()), "writing rows (sync)");
 }

@@ -15,6 +15,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
+#include "kvouter/vulkan_readback.h"
 
 namespace kvouter::halide {
 
@@ -124,6 +125,8 @@ Buffer<T> device_array(const T* data, std::vector<int64_t> shape, int64_t count,
 
 template <class T>
 void download(Buffer<T>& b, T* dst, int64_t count, const Kernels& k) {
+  // Vulkan: through host-cached memory (kvouter/vulkan_readback.h); elsewhere Halide's copy.
+  if (vulkan_read_device(b.raw_buffer(), count * static_cast<int64_t>(sizeof(T)), dst)) return;
   check_rc(b.copy_to_host(), "copying results back", k);
   std::copy(b.data(), b.data() + count, dst);
 }

@@ -296,6 +296,27 @@ INSTANTIATE_TEST_SUITE_P(Targets, DeviceCacheTest, ::testing::ValuesIn(params())
   return n;
 });
 
+// The outputs read back through vulkan_read_device equal those through Halide's copy_to_host.
+TEST(DeviceCache, ReadbackPathsAgree) {
+  REQUIRE_DEVICE("host-vulkan");
+  DeviceKvCache cache("host-vulkan", {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, Dtype::kFloat32});
+  Engine e(Dtype::kFloat32, &cache, 18);
+  e.prefill(12);
+  e.new_step();
+  DeviceStepRunner runner(cache, "vulkan_onepass");
+  runner.step(e.step_inputs());
+  Outputs fast = outputs_for(runner.plan().problem), slow = fast;
+  runner.read_outputs(fast);
+  halide::DeviceArray::set_fast_readback(false);
+  runner.read_outputs(slow);
+  halide::DeviceArray::set_fast_readback(true);
+  EXPECT_EQ(fast.out.data, slow.out.data);
+  EXPECT_EQ(fast.lse.data, slow.lse.data);
+  double sum = 0;
+  for (float x : fast.out.data) sum += std::fabs(x);
+  EXPECT_GT(sum, 0.0);
+}
+
 template <class F>
 std::string input_error_field(F&& f) {
   try {

@@ -52,13 +52,16 @@ class DeviceArray {
   // Copies the view's elements back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
+  // Vulkan read-backs through vulkan_read_device (on by default); off: Halide's copy_to_host.
+  static void set_fast_readback(bool on);
   // Caps every array's allocation at what one buffer of the target's devices may bind.
   static void set_device_limit(const std::string& target);
   int64_t capacity_bytes() const { return capacity_; }
 
  private:
   void reserve(int64_t bytes);
-  static std::atomic<int64_t> max_bytes_;  // the least limit of the targets in use
+  static std::atomic<int64_t> max_bytes_;
+  static bool fast_readback_;  // the least limit of the targets in use
   halide_type_t type_;
   const halide_device_interface_t* dev_;
   bool staging_;

@@ -1,0 +1,33 @@
+// Device-to-host copies of Vulkan device buffers at memory speed (vulkan_readback.cpp says why
+// Halide's own copy is not used for them).
+#pragma once
+
+#include <HalideRuntime.h>
+
+#include <cstdint>
+
+struct halide_vulkan_memory_allocator;
+struct VkInstance_T;
+struct VkDevice_T;
+struct VkPhysicalDevice_T;
+struct VkQueue_T;
+struct VkDebugUtilsMessengerEXT_T;
+
+namespace kvouter::halide {
+
+// Halide's Vulkan context lock (halide_vulkan_acquire_context / release_context), which lives in
+// the generated kernels' runtime: the generated registry hands it over.
+struct VulkanContextFns {
+  int (*acquire)(void*, halide_vulkan_memory_allocator**, VkInstance_T**, VkDevice_T**, VkPhysicalDevice_T**,
+                 VkQueue_T**, uint32_t*, VkDebugUtilsMessengerEXT_T**, bool) = nullptr;
+  int (*release)(void*, VkInstance_T*, VkDevice_T*, VkQueue_T*, VkDebugUtilsMessengerEXT_T*) = nullptr;
+  const halide_device_interface_t* (*interface)() = nullptr;  // buffers of other devices are refused
+};
+void set_vulkan_context_fns(const VulkanContextFns& fns);
+
+// Copies the first `bytes` of `buf`'s Vulkan allocation (a whole allocation of Halide's Vulkan
+// runtime, never a crop) into `dst`, after every write queued before it. False when it cannot
+// (no context functions, no host-cached memory type): the caller then uses halide_copy_to_host.
+bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst);
+
+}  // namespace kvouter::halide
