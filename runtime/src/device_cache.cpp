@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "kvouter/aot.h"
+#include "kvouter/cuda_pinned.h"
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
@@ -35,8 +36,8 @@ int64_t round64(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 
 // devices allow (lavapipe, in every dimension).
 constexpr int64_t kMaxRowsPerCall = 32768;
 
-// Halide 21 addresses a buffer with int32 byte offsets unless built with large_buffers.
-constexpr int64_t kMaxBufferBytes = (int64_t{1} << 31) - 64;
+// Halide 21 indexes a buffer's elements with int32 (without large_buffers).
+constexpr int64_t kMaxElements = (int64_t{1} << 31) - 64;
 
 void check(int rc, const std::string& what) {
   if (rc != 0) throw BackendError("device cache: " + what + " failed with code " + std::to_string(rc));
@@ -77,8 +78,10 @@ int set_dims(halide_dimension_t* dims, const std::vector<int64_t>& shape) {
 std::atomic<int64_t> DeviceArray::max_bytes_{int64_t{1} << 62};
 
 void DeviceArray::set_device_limit(const std::string& target) {
-  int64_t limit = kMaxBufferBytes;
-  if (is_vulkan_target(target)) limit = std::min<int64_t>(limit, (vulkan_max_buffer_floats() + 16) * 4 - 64);
+  int64_t limit = int64_t{1} << 62;
+  // Vulkan: one descriptor's range, and below 2^31 bytes (Halide 21's Vulkan runtime failed to
+  // allocate 2.2 GB on the H200).
+  if (is_vulkan_target(target)) limit = std::min<int64_t>((int64_t{1} << 31) - 64, (vulkan_max_buffer_floats() + 16) * 4 - 64);
   int64_t cur = max_bytes_.load();
   while (limit < cur && !max_bytes_.compare_exchange_weak(cur, limit)) {
   }
@@ -91,13 +94,15 @@ bool DeviceArray::fast_readback_ = true;
 void DeviceArray::set_fast_readback(bool on) { fast_readback_ = on; }
 
 DeviceArray::~DeviceArray() {
+  if (pinned_) cuda_unpin(host_.data());
   if (alloc_.device) halide_device_free(nullptr, &alloc_);
 }
 
 void DeviceArray::reserve(int64_t bytes) {
   bytes = round64(bytes);
   if (bytes <= capacity_) return;
-  const int64_t most = std::min(kMaxBufferBytes, max_bytes_.load());
+  // Halide indexes elements with int32; a Vulkan descriptor binds at most the device's range.
+  const int64_t most = std::min(kMaxElements * type_.bytes() / 64 * 64, max_bytes_.load());
   if (bytes > most) {
     throw BackendError("device cache: a device array of " + std::to_string(bytes) + " bytes exceeds " +
                        std::to_string(most) + " (one storage buffer of the device, or Halide's int32 addressing)");
@@ -105,6 +110,8 @@ void DeviceArray::reserve(int64_t bytes) {
   if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing an outgrown device array");
   // Never past what one descriptor may bind: Halide binds the whole allocation.
   const int64_t grown = std::min(most / 64 * 64, std::max(bytes, round64(capacity_ + capacity_ / 2)));
+  if (pinned_) cuda_unpin(host_.data());
+  pinned_ = false;
   alloc_ = halide_buffer_t{};
   alloc_.type = halide_type_t(halide_type_uint, 8);
   alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
@@ -112,7 +119,10 @@ void DeviceArray::reserve(int64_t bytes) {
   alloc_.dim = &alloc_dim_;
   check(halide_device_malloc(nullptr, &alloc_, dev_), "allocating " + std::to_string(grown) + " device bytes");
   capacity_ = grown;
-  if (staging_) host_.assign(static_cast<size_t>(grown), 0);
+  if (staging_) {
+    host_.assign(static_cast<size_t>(grown), 0);
+    if (pin_) pinned_ = cuda_pin(host_.data(), host_.size());
+  }
 }
 
 halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& shape) {
@@ -168,7 +178,7 @@ void DeviceArray::download(void* dst) {
 // --- DeviceKvCache -----------------------------------------------------------------------------
 
 int64_t DeviceKvCache::max_segment_pages(const std::string& target, const DeviceCacheShape& shape) {
-  int64_t limit = kMaxBufferBytes;
+  int64_t limit = kMaxElements * dtype_bytes(shape.dtype);
   if (is_vulkan_target(target)) {
     limit = std::min<int64_t>(limit, (vulkan_max_buffer_floats() + 16) * 4 - 64);
   }
@@ -217,6 +227,9 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
   rows_ = std::make_unique<DeviceArray>(bits_type(shape.dtype), dev_);
   row_page_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
   row_slot_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
+  if (is_cuda_target(target)) {
+    for (DeviceArray* a : {rows_.get(), row_page_.get(), row_slot_.get()}) a->pin_host();
+  }
   // Zeros everywhere, so that no position a page never had written holds a NaN that a masked
   // weight (0 * NaN) would carry into a result: written through the scatter kernel, from one
   // uploaded block of zero rows.
@@ -413,20 +426,29 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
 // One segment's tiles of a batch (its own arrays, from tile 0: Halide 21's Vulkan device crops
 // bind invalid descriptor ranges, docs/vulkan.md limit 13), and where its partials go.
 struct SegmentTiles {
-  explicit SegmentTiles(const halide_device_interface_t* dev)
+  SegmentTiles(const halide_device_interface_t* dev, bool pin)
       : head(halide_type_of<int32_t>(), dev), pages(halide_type_of<int32_t>(), dev), query(halide_type_of<int32_t>(), dev),
         limit(halide_type_of<int32_t>(), dev), part(halide_type_of<float>(), dev, false),
-        to_tile(halide_type_of<int32_t>(), dev), zeros(halide_type_of<int32_t>(), dev) {}
+        to_tile(halide_type_of<int32_t>(), dev), zeros(halide_type_of<int32_t>(), dev) {
+    if (pin) {
+      for (DeviceArray* a : {&head, &pages, &query, &limit, &to_tile, &zeros}) a->pin_host();
+    }
+  }
   DeviceArray head, pages, query, limit, part, to_tile, zeros;
   int64_t n = 0, offset = 0;
 };
 
 // One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
 struct DeviceStepRunner::Batch {
-  explicit Batch(const halide_device_interface_t* d)
-      : dev(d), pidx(halide_type_of<int32_t>(), d), part(halide_type_of<float>(), d, false), out(halide_type_of<float>(), d),
-        lse(halide_type_of<float>(), d), empty(halide_type_of<float>(), d) {}
+  Batch(const halide_device_interface_t* d, bool pin_host)
+      : dev(d), pin(pin_host), pidx(halide_type_of<int32_t>(), d), part(halide_type_of<float>(), d, false),
+        out(halide_type_of<float>(), d), lse(halide_type_of<float>(), d), empty(halide_type_of<float>(), d) {
+    if (pin) {
+      for (DeviceArray* a : {&pidx, &out, &lse, &empty}) a->pin_host();
+    }
+  }
   const halide_device_interface_t* dev;
+  bool pin;
   std::vector<std::unique_ptr<SegmentTiles>> seg;
   DeviceArray pidx, part, out, lse;
   DeviceArray empty;  // a batch with no tile: one tile of empty partials, for the combine
@@ -448,12 +470,16 @@ DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& sche
   }
   PlanOptions o{tile_edges_of(checked_knobs(knobs))};
   // Every batch's buffers within one device buffer and Halide's int32 indexing.
-  o.max_batch_partial_floats = is_vulkan_target(cache.target()) ? vulkan_max_buffer_floats() : (int64_t{1} << 29) - 16;
+  // (Halide 21's Vulkan runtime failed to allocate 2.2 GB on the H200: device_malloc_failed; so
+  // below 2^31 bytes on both targets.)
+  o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
+  if (is_vulkan_target(cache.target())) o.max_batch_partial_floats = std::min(o.max_batch_partial_floats, vulkan_max_buffer_floats());
   planner_ = Planner(o);
   bool any = false;
   for (const auto& v : aot_variants()) any |= v.schedule == schedule && v.target == cache.target();
   if (!any) throw BackendError("device step: no generated kernel for schedule '" + schedule + "' and target '" + cache.target() + "'");
   q_ = std::make_unique<DeviceArray>(storage_type(cache.shape().dtype), cache.device());
+  if (is_cuda_target(cache.target())) q_->pin_host();
 }
 
 DeviceStepRunner::~DeviceStepRunner() = default;
@@ -493,7 +519,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   const int64_t C = p.D + layout::kPartialExtra;
   halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec());
   const int64_t nb = p.Tq == 0 ? 0 : std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
-  while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.device()));
+  while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.device(), is_cuda_target(cache_.target())));
   used_batches_ = nb;
   const int64_t Qb = std::max<int64_t>(ts.query_batch, 1);
   // Per batch: each segment's tiles (a tile per segment its pages reach), concatenated, and the
@@ -546,7 +572,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       }
     }
     const int64_t nt = static_cast<int64_t>(head_.size());
-    while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.device()));
+    while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.device(), bt.pin));
     int64_t off = 0;
     for (int64_t sg = 0; sg < S; ++sg) {
       SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];

@@ -52,6 +52,8 @@ class DeviceArray {
   // Copies the view's elements back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
+  // Page-locks the host staging (CUDA devices: copies by DMA).
+  void pin_host() { pin_ = true; }
   // Vulkan read-backs through vulkan_read_device (on by default); off: Halide's copy_to_host.
   static void set_fast_readback(bool on);
   // Caps every array's allocation at what one buffer of the target's devices may bind.
@@ -65,6 +67,7 @@ class DeviceArray {
   halide_type_t type_;
   const halide_device_interface_t* dev_;
   bool staging_;
+  bool pin_ = false, pinned_ = false;  // CUDA: the staging memory page-locked (kvouter/cuda_pinned.h)
   std::vector<uint8_t> host_;
   int64_t capacity_ = 0;
   halide_buffer_t alloc_{};    // the allocation (1-D, capacity bytes)
