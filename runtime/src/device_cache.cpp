@@ -56,6 +56,20 @@ const halide_device_interface_t* device_of(const std::string& target, int bits) 
 
 halide_type_t bits_type(Dtype t) { return halide_type_t(halide_type_uint, static_cast<uint8_t>(8 * dtype_bytes(t))); }
 
+// `bytes` bytes at offset 0 of a device allocation, with `host` as their host memory: the view
+// every copy here goes through (whole 64-byte lines, never a crop).
+halide_buffer_t byte_view(uint8_t* host, const halide_buffer_t& alloc, halide_dimension_t* d, int64_t bytes) {
+  *d = halide_dimension_t(0, static_cast<int32_t>(round64(bytes)), 1);
+  halide_buffer_t raw{};
+  raw.type = halide_type_t(halide_type_uint, 8);
+  raw.host = host;
+  raw.device = alloc.device;
+  raw.device_interface = alloc.device_interface;
+  raw.dimensions = 1;
+  raw.dim = d;
+  return raw;
+}
+
 // C order [n0, ..., nk] as Halide dimensions (nk innermost).
 int set_dims(halide_dimension_t* dims, const std::vector<int64_t>& shape) {
   const int rank = static_cast<int>(shape.size());
@@ -145,15 +159,8 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
   const int64_t used = count * type_.bytes();
   if (used > 0) std::memcpy(host_.data(), data, static_cast<size_t>(used));
   std::memset(host_.data() + used, 0, static_cast<size_t>(bytes - used));
-  // The copy runs through a byte view of whole 64-byte lines at offset 0 of the allocation.
-  halide_dimension_t d(0, static_cast<int32_t>(bytes), 1);
-  halide_buffer_t raw{};
-  raw.type = halide_type_t(halide_type_uint, 8);
-  raw.host = host_.data();
-  raw.device = alloc_.device;
-  raw.device_interface = alloc_.device_interface;
-  raw.dimensions = 1;
-  raw.dim = &d;
+  halide_dimension_t d;
+  halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_host_dirty(true);
   check(halide_copy_to_device(nullptr, &raw, dev_), "uploading " + std::to_string(bytes) + " bytes");
   return v;
@@ -162,14 +169,8 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
 void DeviceArray::download(void* dst) {
   const int64_t bytes = static_cast<int64_t>(view_.size_in_bytes());
   if (fast_readback_ && vulkan_read_device(&alloc_, bytes, dst)) return;
-  halide_dimension_t d(0, static_cast<int32_t>(round64(bytes)), 1);
-  halide_buffer_t raw{};
-  raw.type = halide_type_t(halide_type_uint, 8);
-  raw.host = host_.data();
-  raw.device = alloc_.device;
-  raw.device_interface = alloc_.device_interface;
-  raw.dimensions = 1;
-  raw.dim = &d;
+  halide_dimension_t d;
+  halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_device_dirty(true);
   check(halide_copy_to_host(nullptr, &raw), "reading back " + std::to_string(bytes) + " bytes");
   std::memcpy(dst, host_.data(), static_cast<size_t>(bytes));
@@ -400,15 +401,9 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
       bool any = false;
       for (int64_t i = 0; i < n; ++i) any |= pages.data[i] >= lo && pages.data[i] < lo + g.pages;
       if (!any) continue;
-      halide_dimension_t d(0, static_cast<int32_t>(round64(g.pages * page_bytes)), 1);
-      host.assign(static_cast<size_t>(d.extent), 0);
-      halide_buffer_t raw{};
-      raw.type = halide_type_t(halide_type_uint, 8);
-      raw.host = host.data();
-      raw.device = g.bits.device;
-      raw.device_interface = g.bits.device_interface;
-      raw.dimensions = 1;
-      raw.dim = &d;
+      host.assign(static_cast<size_t>(round64(g.pages * page_bytes)), 0);
+      halide_dimension_t d;
+      halide_buffer_t raw = byte_view(host.data(), g.bits, &d, g.pages * page_bytes);
       raw.set_device_dirty(true);
       check(halide_copy_to_host(nullptr, &raw), "reading a segment back");
       for (int64_t i = 0; i < n; ++i) {
