@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
+#include <numeric>
 
 #include "kvouter/aot.h"
 #include "kvouter/cuda_pinned.h"
@@ -85,26 +85,23 @@ int set_dims(halide_dimension_t* dims, const std::vector<int64_t>& shape) {
   return rank;
 }
 
-}  // namespace
-
 // --- DeviceArray -------------------------------------------------------------------------------
 
-std::atomic<int64_t> DeviceArray::max_bytes_{int64_t{1} << 62};
+// The most one Vulkan descriptor may bind on every device present.
+int64_t vulkan_range_bytes() { return (vulkan_max_buffer_floats() + 16) * 4 - 64; }
 
-void DeviceArray::set_device_limit(const std::string& target) {
-  int64_t limit = int64_t{1} << 62;
-  // Vulkan: one descriptor's range, and below 2^31 bytes (Halide 21's Vulkan runtime failed to
-  // allocate 2.2 GB on the H200).
-  if (is_vulkan_target(target)) limit = std::min<int64_t>((int64_t{1} << 31) - 64, (vulkan_max_buffer_floats() + 16) * 4 - 64);
-  int64_t cur = max_bytes_.load();
-  while (limit < cur && !max_bytes_.compare_exchange_weak(cur, limit)) {
-  }
+}  // namespace
+
+DeviceArraySpec DeviceArraySpec::of(const std::string& target, const halide_device_interface_t* dev) {
+  DeviceArraySpec s{dev, int64_t{1} << 62, is_cuda_target(target)};
+  if (is_vulkan_target(target)) s.max_bytes = std::min<int64_t>((int64_t{1} << 31) - 64, vulkan_range_bytes());
+  return s;
 }
 
-DeviceArray::DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging)
-    : type_(type), dev_(dev), staging_(host_staging) {}
+DeviceArray::DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging)
+    : type_(type), spec_(spec), staging_(host_staging) {}
 
-bool DeviceArray::fast_readback_ = true;
+std::atomic<bool> DeviceArray::fast_readback_{true};
 void DeviceArray::set_fast_readback(bool on) { fast_readback_ = on; }
 
 DeviceArray::~DeviceArray() {
@@ -116,7 +113,7 @@ void DeviceArray::reserve(int64_t bytes) {
   bytes = round64(bytes);
   if (bytes <= capacity_) return;
   // Halide indexes elements with int32; a Vulkan descriptor binds at most the device's range.
-  const int64_t most = std::min(kMaxElements * type_.bytes() / 64 * 64, max_bytes_.load());
+  const int64_t most = std::min(kMaxElements * type_.bytes() / 64 * 64, spec_.max_bytes);
   if (bytes > most) {
     throw BackendError("device cache: a device array of " + std::to_string(bytes) + " bytes exceeds " +
                        std::to_string(most) + " (one storage buffer of the device, or Halide's int32 addressing)");
@@ -131,11 +128,11 @@ void DeviceArray::reserve(int64_t bytes) {
   alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
   alloc_.dimensions = 1;
   alloc_.dim = &alloc_dim_;
-  check(halide_device_malloc(nullptr, &alloc_, dev_), "allocating " + std::to_string(grown) + " device bytes");
+  check(halide_device_malloc(nullptr, &alloc_, spec_.dev), "allocating " + std::to_string(grown) + " device bytes");
   capacity_ = grown;
   if (staging_) {
     host_.assign(static_cast<size_t>(grown), 0);
-    if (pin_) pinned_ = cuda_pin(host_.data(), host_.size());
+    if (spec_.pin) pinned_ = cuda_pin(host_.data(), host_.size());
   }
 }
 
@@ -162,7 +159,7 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_host_dirty(true);
-  check(halide_copy_to_device(nullptr, &raw, dev_), "uploading " + std::to_string(bytes) + " bytes");
+  check(halide_copy_to_device(nullptr, &raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
   return v;
 }
 
@@ -181,7 +178,7 @@ void DeviceArray::download(void* dst) {
 int64_t DeviceKvCache::max_segment_pages(const std::string& target, const DeviceCacheShape& shape) {
   int64_t limit = kMaxElements * dtype_bytes(shape.dtype);
   if (is_vulkan_target(target)) {
-    limit = std::min<int64_t>(limit, (vulkan_max_buffer_floats() + 16) * 4 - 64);
+    limit = std::min<int64_t>(limit, vulkan_range_bytes());
   }
   const int64_t page_bytes = shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype);
   return std::max<int64_t>(limit / page_bytes / 64 * 64, 0);
@@ -196,7 +193,7 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
   if (segment_pages < 0) throw InputError("segment_pages", "0 (automatic) or a positive page count", std::to_string(segment_pages));
   const int bits = 8 * static_cast<int>(dtype_bytes(shape.dtype));
   dev_ = device_of(target, bits);
-  DeviceArray::set_device_limit(target);
+  spec_ = DeviceArraySpec::of(target, dev_);
   writer_ = aot_kv_writer(target, bits).write;
   const int64_t most = max_segment_pages(target, shape);
   if (most <= 0) throw InputError("page_size", "pages that fit one device buffer", "a page of " + std::to_string(shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype)) + " bytes");
@@ -225,12 +222,9 @@ DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& 
       g.typed.type = storage_type(shape.dtype);
     }
   }
-  rows_ = std::make_unique<DeviceArray>(bits_type(shape.dtype), dev_);
-  row_page_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
-  row_slot_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), dev_);
-  if (is_cuda_target(target)) {
-    for (DeviceArray* a : {rows_.get(), row_page_.get(), row_slot_.get()}) a->pin_host();
-  }
+  rows_ = std::make_unique<DeviceArray>(bits_type(shape.dtype), spec_);
+  row_page_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), spec_);
+  row_slot_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), spec_);
   // Zeros everywhere, so that no position a page never had written holds a NaN that a masked
   // weight (0 * NaN) would carry into a result: written through the scatter kernel, from one
   // uploaded block of zero rows.
@@ -292,15 +286,27 @@ void DeviceKvCache::check_rows(const TensorView<const int32_t>& pages, const Sto
   }
 }
 
+// The first i whose (page, slot) an earlier entry has (slots null: pages alone), or -1; in
+// arrays reused across calls.
+int64_t DeviceKvCache::first_repeat(const int32_t* pages, const int32_t* slots, int64_t n) {
+  keys_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    keys_[static_cast<size_t>(i)] = {int64_t{pages[i]} * shape_.page_size + (slots ? slots[i] : 0), i};
+  }
+  std::sort(keys_.begin(), keys_.end());
+  int64_t first = -1;
+  for (size_t j = 1; j < keys_.size(); ++j) {
+    if (keys_[j].first == keys_[j - 1].first && (first < 0 || keys_[j].second < first)) first = keys_[j].second;
+  }
+  return first;
+}
+
 void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v) {
   check_rows(pages, k, v, shape_.page_size);
   const int64_t n = pages.dim(0), PS = shape_.page_size, H = shape_.Hkv;
   const int64_t eb = dtype_bytes(shape_.dtype), row_bytes = shape_.D * eb;
-  std::unordered_set<int32_t> seen;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!seen.insert(pages.data[i]).second) {
-      throw InputError("pages[" + std::to_string(i) + "]", "each page once per call", "page " + std::to_string(pages.data[i]) + " again");
-    }
+  if (const int64_t i = first_repeat(pages.data, nullptr, n); i >= 0) {
+    throw InputError("pages[" + std::to_string(i) + "]", "each page once per call", "page " + std::to_string(pages.data[i]) + " again");
   }
   // [n, Hkv, PS, D] pages as [n * PS, Hkv, D] rows.
   all_page_.resize(static_cast<size_t>(n * PS));
@@ -321,7 +327,7 @@ void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const St
       }
     }
   }
-  scatter(all_page_, all_slot_, k_rows_, v_rows_);
+  scatter(n * PS, all_page_.data(), all_slot_.data(), k_rows_.data(), v_rows_.data());
 }
 
 void DeviceKvCache::write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
@@ -332,55 +338,58 @@ void DeviceKvCache::write_tokens(const TensorView<const int32_t>& pages, const T
     throw InputError("slots", "a contiguous [" + std::to_string(n) + "] array (one per page entry)", shape_str(slots));
   }
   if (n > 0 && slots.data == nullptr) throw InputError("slots", "data", "a null pointer");
-  std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = slots.data[i];
     if (s < 0 || s >= shape_.page_size) {
       throw InputError("slots[" + std::to_string(i) + "]", "a slot in [0, " + std::to_string(shape_.page_size) + ")", std::to_string(s));
     }
-    if (!seen.insert(int64_t{pages.data[i]} * shape_.page_size + s).second) {
-      throw InputError("slots[" + std::to_string(i) + "]", "each (page, slot) once per call",
-                       "page " + std::to_string(pages.data[i]) + " slot " + std::to_string(s) + " again");
-    }
   }
-  all_page_.assign(pages.data, pages.data + n);
-  all_slot_.assign(slots.data, slots.data + n);
-  const size_t bytes = static_cast<size_t>(n * shape_.Hkv * shape_.D * dtype_bytes(shape_.dtype));
-  k_rows_.assign(static_cast<const uint8_t*>(k.data), static_cast<const uint8_t*>(k.data) + bytes);
-  v_rows_.assign(static_cast<const uint8_t*>(v.data), static_cast<const uint8_t*>(v.data) + bytes);
-  scatter(all_page_, all_slot_, k_rows_, v_rows_);
+  if (const int64_t i = first_repeat(pages.data, slots.data, n); i >= 0) {
+    throw InputError("slots[" + std::to_string(i) + "]", "each (page, slot) once per call",
+                     "page " + std::to_string(pages.data[i]) + " slot " + std::to_string(slots.data[i]) + " again");
+  }
+  scatter(n, pages.data, slots.data, static_cast<const uint8_t*>(k.data), static_cast<const uint8_t*>(v.data));
 }
 
-void DeviceKvCache::scatter(const std::vector<int32_t>& row_page, const std::vector<int32_t>& row_slot,
-                            const std::vector<uint8_t>& k_rows, const std::vector<uint8_t>& v_rows) {
-  const int64_t row_bytes = shape_.Hkv * shape_.D * dtype_bytes(shape_.dtype);
-  const int64_t elems = row_bytes / dtype_bytes(shape_.dtype);
-  for (int64_t s = 0; s < segments(); ++s) {
-    const int64_t lo = s * segment_pages_, hi = lo + k_[static_cast<size_t>(s)].pages;
-    seg_page_.clear();
-    seg_slot_.clear();
-    seg_k_.clear();
-    seg_v_.clear();
-    for (size_t r = 0; r < row_page.size(); ++r) {
-      if (row_page[r] < lo || row_page[r] >= hi) continue;
-      seg_page_.push_back(static_cast<int32_t>(row_page[r] - lo));
-      seg_slot_.push_back(row_slot[r]);
-      seg_k_.insert(seg_k_.end(), k_rows.begin() + static_cast<int64_t>(r) * row_bytes, k_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
-      seg_v_.insert(seg_v_.end(), v_rows.begin() + static_cast<int64_t>(r) * row_bytes, v_rows.begin() + static_cast<int64_t>(r + 1) * row_bytes);
-    }
-    // At most kMaxRowsPerCall rows a call: the kernel's grid is one workgroup per (row, head).
-    const int64_t total = static_cast<int64_t>(seg_page_.size());
-    for (int64_t r0 = 0; r0 < total; r0 += kMaxRowsPerCall) {
-      const int64_t n = std::min(kMaxRowsPerCall, total - r0);
-      halide_buffer_t* rp = row_page_->upload(seg_page_.data() + r0, n, {n});
-      halide_buffer_t* rs = row_slot_->upload(seg_slot_.data() + r0, n, {n});
-      halide_buffer_t* rows = rows_->upload(seg_k_.data() + r0 * row_bytes, n * elems, {n, shape_.Hkv, shape_.D});
-      check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "writing K rows");
-      rows = rows_->upload(seg_v_.data() + r0 * row_bytes, n * elems, {n, shape_.Hkv, shape_.D});
-      check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "writing V rows");
+void DeviceKvCache::scatter(int64_t n, const int32_t* row_page, const int32_t* row_slot, const uint8_t* k_rows,
+                            const uint8_t* v_rows) {
+  if (segments() == 1) {
+    write_segment(0, n, row_page, row_slot, k_rows, v_rows);  // page ids are the segment's own
+  } else {
+    const int64_t row_bytes = shape_.Hkv * shape_.D * dtype_bytes(shape_.dtype);
+    for (int64_t s = 0; s < segments(); ++s) {
+      const int64_t lo = s * segment_pages_, hi = lo + k_[static_cast<size_t>(s)].pages;
+      seg_page_.clear();
+      seg_slot_.clear();
+      seg_k_.clear();
+      seg_v_.clear();
+      for (int64_t r = 0; r < n; ++r) {
+        if (row_page[r] < lo || row_page[r] >= hi) continue;
+        seg_page_.push_back(static_cast<int32_t>(row_page[r] - lo));
+        seg_slot_.push_back(row_slot[r]);
+        seg_k_.insert(seg_k_.end(), k_rows + r * row_bytes, k_rows + (r + 1) * row_bytes);
+        seg_v_.insert(seg_v_.end(), v_rows + r * row_bytes, v_rows + (r + 1) * row_bytes);
+      }
+      write_segment(s, static_cast<int64_t>(seg_page_.size()), seg_page_.data(), seg_slot_.data(), seg_k_.data(),
+                    seg_v_.data());
     }
   }
   check(halide_device_sync(nullptr, rows_->buffer()), "writing rows (sync)");
+}
+
+void DeviceKvCache::write_segment(int64_t s, int64_t n, const int32_t* page, const int32_t* slot, const uint8_t* k,
+                                  const uint8_t* v) {
+  const int64_t elems = shape_.Hkv * shape_.D, row_bytes = elems * dtype_bytes(shape_.dtype);
+  // At most kMaxRowsPerCall rows a call: the kernel's grid is one workgroup per (row, head).
+  for (int64_t r0 = 0; r0 < n; r0 += kMaxRowsPerCall) {
+    const int64_t m = std::min(kMaxRowsPerCall, n - r0);
+    halide_buffer_t* rp = row_page_->upload(page + r0, m, {m});
+    halide_buffer_t* rs = row_slot_->upload(slot + r0, m, {m});
+    halide_buffer_t* rows = rows_->upload(k + r0 * row_bytes, m * elems, {m, shape_.Hkv, shape_.D});
+    check(writer_(rows, rp, rs, &k_[static_cast<size_t>(s)].bits), "writing K rows");
+    rows = rows_->upload(v + r0 * row_bytes, m * elems, {m, shape_.Hkv, shape_.D});
+    check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "writing V rows");
+  }
 }
 
 void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_out, void* v_out) {
@@ -417,33 +426,22 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
 
 // --- DeviceStepRunner --------------------------------------------------------------------------
 
-// One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
 // One segment's tiles of a batch (its own arrays, from tile 0: Halide 21's Vulkan device crops
 // bind invalid descriptor ranges, docs/vulkan.md limit 13), and where its partials go.
 struct SegmentTiles {
-  SegmentTiles(const halide_device_interface_t* dev, bool pin)
-      : head(halide_type_of<int32_t>(), dev), pages(halide_type_of<int32_t>(), dev), query(halide_type_of<int32_t>(), dev),
-        limit(halide_type_of<int32_t>(), dev), part(halide_type_of<float>(), dev, false),
-        to_tile(halide_type_of<int32_t>(), dev), zeros(halide_type_of<int32_t>(), dev) {
-    if (pin) {
-      for (DeviceArray* a : {&head, &pages, &query, &limit, &to_tile, &zeros}) a->pin_host();
-    }
-  }
+  explicit SegmentTiles(const DeviceArraySpec& a)
+      : head(halide_type_of<int32_t>(), a), pages(halide_type_of<int32_t>(), a), query(halide_type_of<int32_t>(), a),
+        limit(halide_type_of<int32_t>(), a), part(halide_type_of<float>(), a, false), to_tile(halide_type_of<int32_t>(), a),
+        zeros(halide_type_of<int32_t>(), a) {}
   DeviceArray head, pages, query, limit, part, to_tile, zeros;
   int64_t n = 0, offset = 0;
 };
 
 // One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
 struct DeviceStepRunner::Batch {
-  Batch(const halide_device_interface_t* d, bool pin_host)
-      : dev(d), pin(pin_host), pidx(halide_type_of<int32_t>(), d), part(halide_type_of<float>(), d, false),
-        out(halide_type_of<float>(), d), lse(halide_type_of<float>(), d), empty(halide_type_of<float>(), d) {
-    if (pin) {
-      for (DeviceArray* a : {&pidx, &out, &lse, &empty}) a->pin_host();
-    }
-  }
-  const halide_device_interface_t* dev;
-  bool pin;
+  explicit Batch(const DeviceArraySpec& a)
+      : pidx(halide_type_of<int32_t>(), a), part(halide_type_of<float>(), a, false), out(halide_type_of<float>(), a),
+        lse(halide_type_of<float>(), a), empty(halide_type_of<float>(), a) {}
   std::vector<std::unique_ptr<SegmentTiles>> seg;
   DeviceArray pidx, part, out, lse;
   DeviceArray empty;  // a batch with no tile: one tile of empty partials, for the combine
@@ -473,8 +471,7 @@ DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& sche
   bool any = false;
   for (const auto& v : aot_variants()) any |= v.schedule == schedule && v.target == cache.target();
   if (!any) throw BackendError("device step: no generated kernel for schedule '" + schedule + "' and target '" + cache.target() + "'");
-  q_ = std::make_unique<DeviceArray>(storage_type(cache.shape().dtype), cache.device());
-  if (is_cuda_target(cache.target())) q_->pin_host();
+  q_ = std::make_unique<DeviceArray>(storage_type(cache.shape().dtype), cache.array_spec());
 }
 
 DeviceStepRunner::~DeviceStepRunner() = default;
@@ -510,15 +507,13 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   const TileSet& ts = plan.tiles;
   timing_.plan_ms = ms_since(t);
 
-  const int64_t S = cache_.segments(), segp = cache_.segment_pages(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
+  const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
   halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec());
   const int64_t nb = p.Tq == 0 ? 0 : std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
-  while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.device(), is_cuda_target(cache_.target())));
+  while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;
   const int64_t Qb = std::max<int64_t>(ts.query_batch, 1);
-  // Per batch: each segment's tiles (a tile per segment its pages reach), concatenated, and the
-  // partial index over S * topk ranks (rank s * topk + k: the edge's partial in segment s).
   seg_count_.assign(static_cast<size_t>(nb * S), 0);
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
@@ -527,67 +522,27 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     const int64_t tb = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b)];
     const int64_t te = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b) + 1];
     const int64_t nq = bt.t1 - bt.t0, ranks = p.topk * S;
-    head_.clear();
-    pages_.clear();
-    query_.clear();
-    limit_.clear();
-    copy_of_.assign(static_cast<size_t>((te - tb) * S), -1);
-    for (int64_t sg = 0; sg < S; ++sg) {
-      const int64_t lo = sg * segp, hi = lo + segp;
-      for (int64_t i = tb; i < te; ++i) {
-        bool reach = false;
-        for (int64_t k = 0; k < ppb; ++k) {
-          const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
-          reach |= pg >= lo && pg < hi;
-        }
-        if (!reach) continue;
-        copy_of_[static_cast<size_t>((i - tb) * S + sg)] = static_cast<int32_t>(head_.size());
-        head_.push_back(ts.tile_head[static_cast<size_t>(i)]);
-        for (int64_t k = 0; k < ppb; ++k) {
-          const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
-          pages_.push_back(pg >= lo && pg < hi ? static_cast<int32_t>(pg - lo) : layout::kNoPage);
-        }
-        query_.insert(query_.end(), ts.tile_query.begin() + i * T, ts.tile_query.begin() + (i + 1) * T);
-        limit_.insert(limit_.end(), ts.tile_limit.begin() + i * T, ts.tile_limit.begin() + (i + 1) * T);
-        ++seg_count_[static_cast<size_t>(b * S + sg)];
+    while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.array_spec()));
+    if (S == 1) {
+      // One segment: the plan's own arrays, its partial index rebased to the batch's tiles.
+      SegmentTiles& st = *bt.seg[0];
+      st.n = te - tb;
+      st.offset = 0;
+      seg_count_[static_cast<size_t>(b)] = st.n;
+      if (st.n > 0) {
+        st.head.upload(ts.tile_head.data() + tb, st.n, {st.n});
+        st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb});
+        st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T});
+        st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T});
       }
-    }
-    pidx_.assign(static_cast<size_t>(nq * p.Hkv * ranks), -1);
-    for (int64_t tq = 0; tq < nq; ++tq) {
-      for (int64_t h = 0; h < p.Hkv; ++h) {
-        for (int64_t k = 0; k < p.topk; ++k) {
-          const int32_t x = ts.partial_index[static_cast<size_t>(((bt.t0 + tq) * p.Hkv + h) * p.topk + k)];
-          if (x < 0) continue;
-          const int64_t tile = x / T - tb, slot = x % T;
-          for (int64_t sg = 0; sg < S; ++sg) {
-            const int32_t c = copy_of_[static_cast<size_t>(tile * S + sg)];
-            if (c >= 0) pidx_[static_cast<size_t>((tq * p.Hkv + h) * ranks + sg * p.topk + k)] = static_cast<int32_t>(c * T + slot);
-          }
-        }
+      pidx_.assign(ts.partial_index.begin() + bt.t0 * p.Hkv * p.topk, ts.partial_index.begin() + bt.t1 * p.Hkv * p.topk);
+      for (int32_t& x : pidx_) {
+        if (x >= 0) x = static_cast<int32_t>(x - tb * T);
       }
+    } else {
+      build_segment_tiles(plan, b, tb, te);
     }
-    const int64_t nt = static_cast<int64_t>(head_.size());
-    while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.device(), bt.pin));
-    int64_t off = 0;
-    for (int64_t sg = 0; sg < S; ++sg) {
-      SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
-      st.n = seg_count_[static_cast<size_t>(b * S + sg)];
-      st.offset = off;
-      off += st.n;
-      if (st.n == 0) continue;
-      st.head.upload(head_.data() + st.offset, st.n, {st.n});
-      st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb});
-      st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T});
-      st.limit.upload(limit_.data() + st.offset * T, st.n * T, {st.n, T});
-      if (S > 1) {
-        // Where the segment's partials go in the batch's: tiles [offset, offset + n).
-        iota_.resize(static_cast<size_t>(st.n));
-        for (int64_t i = 0; i < st.n; ++i) iota_[static_cast<size_t>(i)] = static_cast<int32_t>(st.offset + i);
-        st.to_tile.upload(iota_.data(), st.n, {st.n});
-        st.zeros.upload(nullptr, 0, {st.n});
-        st.part.view({st.n, T * p.qhead, C});
-      }
-    }
+    const int64_t nt = std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0});
     bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks});
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
@@ -646,6 +601,74 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   }
   if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->out.buffer()), "combine (sync)");
   timing_.combine_ms = ms_since(t);
+}
+
+// A segmented pool: each segment's tiles (a tile per segment its pages reach, the other segments'
+// pages masked), concatenated, and the partial index over S * topk ranks (rank s * topk + k: the
+// edge's partial in segment s).
+void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te) {
+  const Problem& p = plan.problem;
+  const TileSet& ts = plan.tiles;
+  Batch& bt = *batches_[static_cast<size_t>(b)];
+  const int64_t S = cache_.segments(), segp = cache_.segment_pages(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
+  const int64_t C = p.D + layout::kPartialExtra, nq = bt.t1 - bt.t0, ranks = p.topk * S;
+  head_.clear();
+  pages_.clear();
+  query_.clear();
+  limit_.clear();
+  copy_of_.assign(static_cast<size_t>((te - tb) * S), -1);
+  for (int64_t sg = 0; sg < S; ++sg) {
+    const int64_t lo = sg * segp, hi = lo + segp;
+    for (int64_t i = tb; i < te; ++i) {
+      bool reach = false;
+      for (int64_t k = 0; k < ppb; ++k) {
+        const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
+        reach |= pg >= lo && pg < hi;
+      }
+      if (!reach) continue;
+      copy_of_[static_cast<size_t>((i - tb) * S + sg)] = static_cast<int32_t>(head_.size());
+      head_.push_back(ts.tile_head[static_cast<size_t>(i)]);
+      for (int64_t k = 0; k < ppb; ++k) {
+        const int32_t pg = ts.tile_pages[static_cast<size_t>(i * ppb + k)];
+        pages_.push_back(pg >= lo && pg < hi ? static_cast<int32_t>(pg - lo) : layout::kNoPage);
+      }
+      query_.insert(query_.end(), ts.tile_query.begin() + i * T, ts.tile_query.begin() + (i + 1) * T);
+      limit_.insert(limit_.end(), ts.tile_limit.begin() + i * T, ts.tile_limit.begin() + (i + 1) * T);
+      ++seg_count_[static_cast<size_t>(b * S + sg)];
+    }
+  }
+  pidx_.assign(static_cast<size_t>(nq * p.Hkv * ranks), -1);
+  for (int64_t tq = 0; tq < nq; ++tq) {
+    for (int64_t h = 0; h < p.Hkv; ++h) {
+      for (int64_t k = 0; k < p.topk; ++k) {
+        const int32_t x = ts.partial_index[static_cast<size_t>(((bt.t0 + tq) * p.Hkv + h) * p.topk + k)];
+        if (x < 0) continue;
+        const int64_t tile = x / T - tb, slot = x % T;
+        for (int64_t sg = 0; sg < S; ++sg) {
+          const int32_t c = copy_of_[static_cast<size_t>(tile * S + sg)];
+          if (c >= 0) pidx_[static_cast<size_t>((tq * p.Hkv + h) * ranks + sg * p.topk + k)] = static_cast<int32_t>(c * T + slot);
+        }
+      }
+    }
+  }
+  int64_t off = 0;
+  for (int64_t sg = 0; sg < S; ++sg) {
+    SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
+    st.n = seg_count_[static_cast<size_t>(b * S + sg)];
+    st.offset = off;
+    off += st.n;
+    if (st.n == 0) continue;
+    st.head.upload(head_.data() + st.offset, st.n, {st.n});
+    st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb});
+    st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T});
+    st.limit.upload(limit_.data() + st.offset * T, st.n * T, {st.n, T});
+    // Where the segment's partials go in the batch's: tiles [offset, offset + n).
+    iota_.resize(static_cast<size_t>(st.n));
+    for (int64_t i = 0; i < st.n; ++i) iota_[static_cast<size_t>(i)] = static_cast<int32_t>(st.offset + i);
+    st.to_tile.upload(iota_.data(), st.n, {st.n});
+    st.zeros.upload(nullptr, 0, {st.n});
+    st.part.view({st.n, T * p.qhead, C});
+  }
 }
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {

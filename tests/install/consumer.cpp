@@ -226,14 +226,7 @@ void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* 
     append();
     e.new_query_and_selection();
     const InputsView in = e.view();
-    halide::StepInputs s;
-    s.q = in.q;
-    s.selected = in.selected;
-    s.block_tables = in.block_tables;
-    s.cu_seqlens_q = in.cu_seqlens_q;
-    s.used_kv_lens = in.used_kv_lens;
-    s.block_size = in.block_size;
-    runner.step(s, false);  // the engine wrote its tables itself
+    runner.step(halide::StepInputs(in), false);  // the engine wrote its tables itself
     runner.read_outputs(OutputsView(TensorView<float>(e.out.data(), {Engine::B, Engine::Hq, Engine::D}),
                                     TensorView<float>(e.lse.data(), {Engine::B, Engine::Hq})));
     const double err = e.max_error();

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvouter/backend.h"
@@ -36,11 +37,22 @@ struct DeviceCacheShape {
   Dtype dtype = Dtype::kFloat32;
 };
 
-// One K or V pool, or a scratch array, on the device: a halide_buffer_t whose device allocation
-// holds `capacity` bytes, viewed at any shape that fits (views share the allocation, at offset 0).
+// Where a DeviceArray lives: the device, the most one of its buffers may hold, and whether its
+// host staging is page-locked (CUDA: copies by DMA, kvouter/cuda_pinned.h).
+struct DeviceArraySpec {
+  const halide_device_interface_t* dev = nullptr;
+  int64_t max_bytes = 0;
+  bool pin = false;
+  // For a target (host-vulkan: one descriptor's range and below 2^31 bytes, since Halide 21's
+  // Vulkan runtime failed to allocate 2.2 GB on the H200; host-cuda: Halide's int32 indexing).
+  static DeviceArraySpec of(const std::string& target, const halide_device_interface_t* dev);
+};
+
+// A scratch array on the device: a halide_buffer_t whose device allocation holds `capacity`
+// bytes, viewed at any shape that fits (views share the allocation, at offset 0).
 class DeviceArray {
  public:
-  DeviceArray(halide_type_t type, const halide_device_interface_t* dev, bool host_staging = true);
+  DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging = true);
   ~DeviceArray();
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
@@ -52,22 +64,17 @@ class DeviceArray {
   // Copies the view's elements back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
-  // Page-locks the host staging (CUDA devices: copies by DMA).
-  void pin_host() { pin_ = true; }
+  int64_t capacity_bytes() const { return capacity_; }
   // Vulkan read-backs through vulkan_read_device (on by default); off: Halide's copy_to_host.
   static void set_fast_readback(bool on);
-  // Caps every array's allocation at what one buffer of the target's devices may bind.
-  static void set_device_limit(const std::string& target);
-  int64_t capacity_bytes() const { return capacity_; }
 
  private:
   void reserve(int64_t bytes);
-  static std::atomic<int64_t> max_bytes_;
-  static bool fast_readback_;  // the least limit of the targets in use
+  static std::atomic<bool> fast_readback_;
   halide_type_t type_;
-  const halide_device_interface_t* dev_;
+  DeviceArraySpec spec_;
   bool staging_;
-  bool pin_ = false, pinned_ = false;  // CUDA: the staging memory page-locked (kvouter/cuda_pinned.h)
+  bool pinned_ = false;
   std::vector<uint8_t> host_;
   int64_t capacity_ = 0;
   halide_buffer_t alloc_{};    // the allocation (1-D, capacity bytes)
@@ -102,6 +109,7 @@ class DeviceKvCache {
   // The device buffers of segment s (pages [s * segment_pages, ...)), typed as the forward reads
   // them (float32, float16, or bfloat16 bits as uint16).
   halide_buffer_t* k_segment(int64_t s) { return &k_[static_cast<size_t>(s)].typed; }
+  const DeviceArraySpec& array_spec() const { return spec_; }
   halide_buffer_t* v_segment(int64_t s) { return &v_[static_cast<size_t>(s)].typed; }
   const halide_device_interface_t* device() const { return dev_; }
   // The most pages one segment may hold for this shape on this target.
@@ -116,23 +124,32 @@ class DeviceKvCache {
   };
   void check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
                   int64_t rows_per_page) const;
-  void scatter(const std::vector<int32_t>& row_page, const std::vector<int32_t>& row_slot,
-               const std::vector<uint8_t>& k_rows, const std::vector<uint8_t>& v_rows);
+  // n rows of Hkv x D elements to (row_page[i], row_slot[i]), each segment's in calls of at most
+  // kMaxRowsPerCall rows.
+  void scatter(int64_t n, const int32_t* row_page, const int32_t* row_slot, const uint8_t* k_rows, const uint8_t* v_rows);
+  int64_t first_repeat(const int32_t* pages, const int32_t* slots, int64_t n);
+  void write_segment(int64_t s, int64_t n, const int32_t* page, const int32_t* slot, const uint8_t* k, const uint8_t* v);
   std::string target_;
   DeviceCacheShape shape_;
   int64_t segment_pages_ = 0;
   const halide_device_interface_t* dev_ = nullptr;
+  DeviceArraySpec spec_;
   int (*writer_)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*) = nullptr;
   std::vector<Segment> k_, v_;
   std::unique_ptr<DeviceArray> rows_, row_page_, row_slot_;
-  // Reused across calls: the rows of the current call, sorted by segment.
-  std::vector<int32_t> seg_page_, seg_slot_;
-  std::vector<uint8_t> seg_k_, seg_v_, k_rows_, v_rows_;
-  std::vector<int32_t> all_page_, all_slot_;
+  // Reused across calls: a write_pages call's rows, and a call's rows of one segment.
+  std::vector<int32_t> all_page_, all_slot_, seg_page_, seg_slot_;
+  std::vector<uint8_t> k_rows_, v_rows_, seg_k_, seg_v_;
+  std::vector<std::pair<int64_t, int64_t>> keys_;  // (position, entry) of a call, for repeats
 };
 
 // Everything a step reads but K and V (those are the cache's): SPEC section 1's other inputs.
 struct StepInputs {
+  StepInputs() = default;
+  // A step's inputs out of full inputs (their K/V views are not read).
+  explicit StepInputs(const InputsView& in)
+      : q(in.q), selected(in.selected), block_tables(in.block_tables), cu_seqlens_q(in.cu_seqlens_q),
+        used_kv_lens(in.used_kv_lens), block_size(in.block_size), causal(in.causal), softmax_scale(in.softmax_scale) {}
   StorageView q;
   TensorView<const int32_t> selected, block_tables;
   TensorView<const int64_t> cu_seqlens_q;
@@ -166,6 +183,7 @@ class DeviceStepRunner {
 
  private:
   struct Batch;
+  void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
   DeviceKvCache& cache_;
   std::string schedule_, variant_name_, variant_;
   Planner planner_;
@@ -175,7 +193,7 @@ class DeviceStepRunner {
   std::unique_ptr<DeviceArray> q_;
   uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
   // Host scratch, reused across steps.
-  std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;
+  std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;  // segmented pools only
   std::vector<int64_t> seg_count_;
 };
 
