@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -18,6 +19,17 @@ namespace {
                    "a page id < num_pages = " + std::to_string(num_pages) + " (or negative)", std::to_string(page));
 }
 
+// A block's page ids (ppb of them; 1, 2, 4 or 8 in every shape measured, copied as one move).
+inline void copy_pages(int32_t* dst, const int32_t* src, size_t ppb) {
+  switch (ppb) {
+    case 1: std::memcpy(dst, src, 4); break;
+    case 2: std::memcpy(dst, src, 8); break;
+    case 4: std::memcpy(dst, src, 16); break;
+    case 8: std::memcpy(dst, src, 32); break;
+    default: for (size_t j = 0; j < ppb; ++j) dst[j] = src[j];
+  }
+}
+
 }  // namespace
 
 KvIndex build_kvouter_index(const InputsView& in, const Problem& p) {
@@ -29,21 +41,20 @@ KvIndex build_kvouter_index(const InputsView& in, const Problem& p) {
 
 void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out) {
   KvIndex& ix = *out;
-  ix.head_unit_begin.assign(1, 0);
-  ix.unit_head.clear();
-  ix.unit_batch.clear();
-  ix.unit_block.clear();
-  ix.unit_edge_begin.assign(1, 0);
-  ix.edge_query.clear();
-  ix.edge_rank.clear();
-  ix.edge_limit.clear();
-  ix.unit_pages.clear();
   ix.attended_pairs = 0;
   ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
+  ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
   if (p.Tq == 0) {
     // No query, no edge. The scratch below is sized by msb, which an empty block_tables
     // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
-    ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
+    ix.unit_head.clear();
+    ix.unit_batch.clear();
+    ix.unit_block.clear();
+    ix.unit_edge_begin.assign(1, 0);
+    ix.edge_query.clear();
+    ix.edge_rank.clear();
+    ix.edge_limit.clear();
+    ix.unit_pages.clear();
     return;
   }
   const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
@@ -55,25 +66,139 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     ws.avail.assign(msb, 0);
     ws.count.assign(msb, 0);
   }
-  const int32_t* const sel = in.selected.data;
-  const int32_t* const tables = in.block_tables.data;
   const int64_t ps = p.page_size, bs = p.block_size, Hkv = p.Hkv, topk = p.topk, max_pages = p.max_pages;
   const int64_t ippb = p.ppb, num_pages = p.num_pages;
+  // The arrays are sized once per step to bounds (an edge per (query, head, rank); a unit per
+  // block a sequence's queries can reach), written through pointers, and cut to the counts at the
+  // end: sizes that repeat from step to step touch no allocator and fill nothing.
+  int64_t max_edges = 0, max_units = 0, max_group_edges = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t n = p.qo_len(b) * topk;
+    const int64_t blocks = (p.kv_len[static_cast<size_t>(b)] + bs - 1) / bs;
+    max_edges += n;
+    max_units += std::min(n, blocks);
+    max_group_edges = std::max(max_group_edges, n);
+  }
+  max_edges *= Hkv;
+  max_units *= Hkv;
+  if (max_edges >= std::numeric_limits<int32_t>::max()) {
+    throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(max_edges));
+  }
+  ix.unit_head.resize(static_cast<size_t>(max_units));
+  ix.unit_batch.resize(static_cast<size_t>(max_units));
+  ix.unit_block.resize(static_cast<size_t>(max_units));
+  ix.unit_edge_begin.resize(static_cast<size_t>(max_units + 1));
+  ix.unit_pages.resize(static_cast<size_t>(max_units) * ppb);
+  ix.edge_query.resize(static_cast<size_t>(max_edges));
+  ix.edge_rank.resize(static_cast<size_t>(max_edges));
+  ix.edge_limit.resize(static_cast<size_t>(max_edges));
+  if (ws.edges.size() < static_cast<size_t>(max_group_edges)) ws.edges.resize(static_cast<size_t>(max_group_edges));
+  if (ws.touched.size() < static_cast<size_t>(max_group_edges)) ws.touched.resize(static_cast<size_t>(max_group_edges));
+
+  const int32_t* const sel = in.selected.data;
+  const int32_t* const tables = in.block_tables.data;
   int64_t* const seen = ws.seen.data();
   int64_t* const pages_stamp = ws.pages_stamp.data();
   int32_t* const block_pages = ws.pages.data();
   int32_t* const block_avail = ws.avail.data();
   int32_t* const count = ws.count.data();
   uint64_t* const touched_bits = ws.touched_bits.data();
+  int32_t* const touched = ws.touched.data();
+  PlanWorkspace::Edge* const edges = ws.edges.data();
+  int32_t* const unit_head = ix.unit_head.data();
+  int32_t* const unit_batch = ix.unit_batch.data();
+  int32_t* const unit_block = ix.unit_block.data();
+  int64_t* const unit_edge_end = ix.unit_edge_begin.data() + 1;
+  int32_t* const unit_pages = ix.unit_pages.data();
+  int32_t* const edge_query = ix.edge_query.data();
+  int32_t* const edge_rank = ix.edge_rank.data();
+  int32_t* const edge_limit = ix.edge_limit.data();
+  int32_t* const inverse = ix.inverse.data();
+  ix.unit_edge_begin[0] = 0;
+  int64_t units = 0, base = 0;  // units and edges emitted so far
   int64_t attended = 0;
   for (int64_t h = 0; h < Hkv; ++h) {
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t L = p.kv_len[static_cast<size_t>(b)];
       const int64_t t_begin = p.cu[static_cast<size_t>(b)], t_end = p.cu[static_cast<size_t>(b) + 1];
       const int32_t* const table = tables + b * max_pages;
+      // A block's pages (kNoPage where unallocated or wholly at or after L_b), and the positions
+      // before L_b on its allocated pages; then the positions an edge attends up to its limit.
+      auto read_block = [&](int32_t id, int32_t* pages) -> int64_t {
+        const int64_t start = id * bs;
+        const int64_t lp0 = id * ippb;
+        if (start + bs <= L) {  // the block lies before L_b: every page is the table's entry
+          int64_t allocated = 0;
+          bool bad = false;
+          for (int64_t j = 0; j < ippb; ++j) {
+            const int32_t page = table[lp0 + j];
+            bad |= page >= num_pages;
+            pages[j] = page < 0 ? layout::kNoPage : page;
+            allocated += page >= 0;
+          }
+          if (!bad) return allocated * ps;
+        }
+        int64_t avail = 0;
+        for (int64_t j = 0; j < ippb; ++j) {
+          const int64_t lp = id * ippb + j;
+          int32_t page = lp * ps < L ? table[lp] : layout::kNoPage;
+          if (page >= num_pages) bad_table_entry(b, lp, num_pages, page);
+          if (page < 0) page = layout::kNoPage;
+          pages[j] = page;
+          avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - start - j * ps, 0, ps);
+        }
+        return avail;
+      };
+      auto attended_to = [&](const int32_t* pages, int64_t start, int64_t limit, int64_t avail) {
+        if (limit >= std::min(bs, L - start)) return avail;  // the whole block up to L_b (decode's every edge)
+        int64_t a = 0;
+        for (int64_t j = 0; j < ippb && j * ps < limit; ++j) {
+          if (pages[j] != layout::kNoPage) a += std::min(ps, limit - j * ps);
+        }
+        return a;
+      };
+      if (t_end - t_begin == 1) {
+        // One query (decode): its distinct valid blocks are the units, one edge each, in
+        // ascending block order (the set bits of the span's words); a repeated block's first rank
+        // is its edge.
+        const int64_t t = t_begin, last = p.last_position(b, 0);
+        const int32_t* const row = sel + (t * Hkv + h) * topk;
+        int64_t lo = p.msb, hi = -1;
+        for (int64_t r = 0; r < topk; ++r) {
+          const int32_t id = row[r];
+          if (id < 0 || id * bs >= L || id * bs > last) continue;  // padding, beyond L_b, causal future
+          __builtin_prefetch(table + id * ippb);
+          const uint64_t bit = uint64_t{1} << (id & 63);
+          if (touched_bits[id >> 6] & bit) continue;  // repeated
+          touched_bits[id >> 6] |= bit;
+          count[id] = static_cast<int32_t>(r);
+          lo = std::min<int64_t>(lo, id);
+          hi = std::max<int64_t>(hi, id);
+        }
+        for (int64_t w = lo >> 6; w <= hi >> 6 && hi >= 0; ++w) {
+          for (uint64_t bits = touched_bits[w]; bits != 0; bits &= bits - 1) {
+            const int32_t id = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
+            const int32_t r = count[id];
+            count[id] = 0;
+            int32_t* const pages = unit_pages + static_cast<size_t>(units) * ppb;
+            const int64_t avail = read_block(id, pages);
+            if (avail == 0) continue;  // no allocated page
+            const int64_t start = id * bs, limit = std::min(bs, last + 1 - start);
+            attended += attended_to(pages, start, limit, avail);
+            unit_head[units] = static_cast<int32_t>(h);
+            unit_batch[units] = static_cast<int32_t>(b);
+            unit_block[units] = id;
+            edge_query[base] = static_cast<int32_t>(t);
+            edge_rank[base] = r;
+            edge_limit[base] = static_cast<int32_t>(limit);
+            inverse[(t * Hkv + h) * topk + r] = static_cast<int32_t>(base);
+            unit_edge_end[units++] = ++base;
+          }
+          touched_bits[w] = 0;
+        }
+        continue;
+      }
       const int64_t hb = ++ws.generation;  // stamps this (head, sequence)'s reads of its table
-      if (ws.edges.size() < static_cast<size_t>((t_end - t_begin) * topk)) ws.edges.resize(static_cast<size_t>((t_end - t_begin) * topk));
-      PlanWorkspace::Edge* const edges = ws.edges.data();
       int64_t n = 0;
       int64_t lo = p.msb, hi = -1;  // the range of blocks touched
       for (int64_t t = t_begin; t < t_end; ++t) {
@@ -91,26 +216,11 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
           int32_t* const pages = block_pages + blk * ppb;
           if (pages_stamp[blk] != hb) {
             pages_stamp[blk] = hb;
-            int64_t avail = 0;  // positions before L_b on allocated pages
-            for (int64_t j = 0; j < ippb; ++j) {
-              const int64_t lp = id * ippb + j;
-              int32_t page = lp * ps < L ? table[lp] : layout::kNoPage;
-              if (page >= num_pages) bad_table_entry(b, lp, num_pages, page);
-              if (page < 0) page = layout::kNoPage;
-              pages[j] = page;
-              avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - start - j * ps, 0, ps);
-            }
-            block_avail[blk] = static_cast<int32_t>(avail);
+            block_avail[blk] = static_cast<int32_t>(read_block(id, pages));
           }
           if (block_avail[blk] == 0) continue;                         // no allocated page
           const int64_t limit = std::min(bs, last + 1 - start);
-          if (limit >= std::min(bs, L - start)) {
-            attended += block_avail[blk];  // the whole block up to L_b (decode's every edge)
-          } else {
-            for (int64_t j = 0; j < ippb && j * ps < limit; ++j) {
-              if (pages[j] != layout::kNoPage) attended += std::min(ps, limit - j * ps);
-            }
-          }
+          attended += attended_to(pages, start, limit, block_avail[blk]);
           edges[n++] = {static_cast<int32_t>(t), static_cast<int32_t>(r), static_cast<int32_t>(limit), id};
           if (count[blk]++ == 0) {
             touched_bits[blk >> 6] |= uint64_t{1} << (blk & 63);
@@ -122,60 +232,48 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
       if (n == 0) continue;
       // Units in ascending block order (the set bits of the touched blocks' words, without a
       // comparison sort); each unit's edges keep their (query, rank) order.
-      ws.touched.clear();
+      int64_t nu = 0;
       for (int64_t w = lo >> 6; w <= hi >> 6; ++w) {
-        for (uint64_t bits = ws.touched_bits[static_cast<size_t>(w)]; bits != 0; bits &= bits - 1) {
-          ws.touched.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(bits)));
+        for (uint64_t bits = touched_bits[w]; bits != 0; bits &= bits - 1) {
+          touched[nu++] = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
         }
-        ws.touched_bits[static_cast<size_t>(w)] = 0;
-      }
-      const int64_t base = ix.num_edges();
-      if (base + n >= std::numeric_limits<int32_t>::max()) {
-        throw InputError("selected", "fewer than 2^31 attended (query, block) edges", "more");
+        touched_bits[w] = 0;
       }
       int64_t offset = base;
-      const size_t u0 = ix.unit_head.size(), nu = ws.touched.size();
-      ix.unit_head.resize(u0 + nu);
-      ix.unit_batch.resize(u0 + nu);
-      ix.unit_block.resize(u0 + nu);
-      ix.unit_edge_begin.resize(u0 + 1 + nu);
-      ix.unit_pages.resize((u0 + nu) * ppb);
-      int32_t* const unit_head = ix.unit_head.data() + u0;
-      int32_t* const unit_batch = ix.unit_batch.data() + u0;
-      int32_t* const unit_block = ix.unit_block.data() + u0;
-      int64_t* const unit_edge_end = ix.unit_edge_begin.data() + u0 + 1;
-      int32_t* const unit_pages = ix.unit_pages.data() + u0 * ppb;
-      for (size_t k = 0; k < nu; ++k) {
-        const int32_t id = ws.touched[k];
+      for (int64_t k = 0; k < nu; ++k) {
+        const int32_t id = touched[k];
         const int32_t c = count[id];
-        count[id] = static_cast<int32_t>(offset - base);  // now the unit's cursor
+        count[id] = static_cast<int32_t>(offset);  // now the unit's cursor
         offset += c;
-        unit_head[k] = static_cast<int32_t>(h);
-        unit_batch[k] = static_cast<int32_t>(b);
-        unit_block[k] = id;
-        unit_edge_end[k] = offset;
-        const int32_t* const pages = block_pages + static_cast<size_t>(id) * ppb;
-        for (size_t j = 0; j < ppb; ++j) unit_pages[k * ppb + j] = pages[j];
+        const int64_t u = units + k;
+        unit_head[u] = static_cast<int32_t>(h);
+        unit_batch[u] = static_cast<int32_t>(b);
+        unit_block[u] = id;
+        unit_edge_end[u] = offset;
+        copy_pages(unit_pages + static_cast<size_t>(u) * ppb, block_pages + static_cast<size_t>(id) * ppb, ppb);
       }
-      ix.edge_query.resize(static_cast<size_t>(base + n));
-      ix.edge_rank.resize(static_cast<size_t>(base + n));
-      ix.edge_limit.resize(static_cast<size_t>(base + n));
-      int32_t* const edge_query = ix.edge_query.data();
-      int32_t* const edge_rank = ix.edge_rank.data();
-      int32_t* const edge_limit = ix.edge_limit.data();
-      int32_t* const inverse = ix.inverse.data();
       for (int64_t i = 0; i < n; ++i) {
         const PlanWorkspace::Edge& e = edges[i];
-        const int64_t id = base + count[e.block]++;
+        const int32_t id = count[e.block]++;
         edge_query[id] = e.t;
         edge_rank[id] = e.r;
         edge_limit[id] = e.limit;
-        inverse[(e.t * Hkv + h) * topk + e.r] = static_cast<int32_t>(id);
+        inverse[(e.t * Hkv + h) * topk + e.r] = id;
       }
-      for (int32_t id : ws.touched) count[id] = 0;
+      for (int64_t k = 0; k < nu; ++k) count[touched[k]] = 0;
+      units += nu;
+      base += n;
     }
-    ix.head_unit_begin.push_back(ix.num_units());
+    ix.head_unit_begin[static_cast<size_t>(h) + 1] = units;
   }
+  ix.unit_head.resize(static_cast<size_t>(units));
+  ix.unit_batch.resize(static_cast<size_t>(units));
+  ix.unit_block.resize(static_cast<size_t>(units));
+  ix.unit_edge_begin.resize(static_cast<size_t>(units + 1));
+  ix.unit_pages.resize(static_cast<size_t>(units) * ppb);
+  ix.edge_query.resize(static_cast<size_t>(base));
+  ix.edge_rank.resize(static_cast<size_t>(base));
+  ix.edge_limit.resize(static_cast<size_t>(base));
   ix.attended_pairs = attended;
 }
 
@@ -202,7 +300,9 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
   // Tiles never mix batches: a unit's edges (ascending by query) are cut at batch boundaries.
   // Tiles are ordered by batch, then unit; one batch keeps the plain unit order.
   int64_t n = 0;
-  if (batches == 1) {
+  if (batches == 1 && T == 1) {
+    n = ix.num_edges();
+  } else if (batches == 1) {
     for (int64_t u = 0; u < ix.num_units(); ++u) n += (ix.unit_edge_begin[u + 1] - ix.unit_edge_begin[u] + T - 1) / T;
   } else {
     reset_cursor();
@@ -222,6 +322,35 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
     throw InputError("tile_edges (T)", "fewer than 2^31 partial rows", std::to_string(n) + " tiles x " + std::to_string(T));
   }
   ts.num_tiles = n;
+  if (batches == 1 && T == 1) {
+    // One edge per tile, in the index's order (decode-like plans): the tiles are the edges, each
+    // partial row its edge's id, and partial_index the inverse map itself.
+    ts.tile_head.resize(static_cast<size_t>(n));
+    ts.tile_unit.resize(static_cast<size_t>(n));
+    ts.tile_pages.resize(static_cast<size_t>(n * p.ppb));
+    ts.tile_query.assign(ix.edge_query.begin(), ix.edge_query.end());
+    ts.tile_limit.assign(ix.edge_limit.begin(), ix.edge_limit.end());
+    ts.partial_index.assign(ix.inverse.begin(), ix.inverse.end());
+    ts.edge_partial.resize(static_cast<size_t>(n));
+    ts.batch_tile_begin.assign({0, n});
+    const size_t ppb = static_cast<size_t>(p.ppb);
+    int32_t* const tile_head = ts.tile_head.data();
+    int32_t* const tile_unit = ts.tile_unit.data();
+    int32_t* const tile_pages = ts.tile_pages.data();
+    int32_t* const edge_partial = ts.edge_partial.data();
+    const int32_t* const unit_pages = ix.unit_pages.data();
+    for (int64_t u = 0; u < ix.num_units(); ++u) {
+      const int32_t head = ix.unit_head[static_cast<size_t>(u)];
+      const int32_t* const pages = unit_pages + static_cast<size_t>(u) * ppb;
+      for (int64_t e = ix.unit_edge_begin[static_cast<size_t>(u)]; e < ix.unit_edge_begin[static_cast<size_t>(u) + 1]; ++e) {
+        tile_head[e] = head;
+        tile_unit[e] = static_cast<int32_t>(u);
+        copy_pages(tile_pages + static_cast<size_t>(e) * ppb, pages, ppb);
+        edge_partial[e] = static_cast<int32_t>(e);
+      }
+    }
+    return;
+  }
   ts.tile_head.resize(static_cast<size_t>(n));
   ts.tile_unit.resize(static_cast<size_t>(n));
   ts.tile_pages.resize(static_cast<size_t>(n * p.ppb));

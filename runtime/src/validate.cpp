@@ -18,6 +18,14 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 namespace {
 
+// The largest of n entries (INT32_MIN for none): one vectorised pass over an index array; the
+// entry a check refuses is then looked for only where one exists.
+int32_t max_entry(const int32_t* a, int64_t n) {
+  int32_t m = std::numeric_limits<int32_t>::min();
+  for (int64_t i = 0; i < n; ++i) m = a[i] > m ? a[i] : m;
+  return m;
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // Shape product with overflow checking, and agreement with the stored element count.
@@ -229,6 +237,8 @@ void validate(const InputsView& in, Problem* out, bool check_block_tables) {
     // Every page that covers a position p < L must be a valid physical page (or negative).
     if (!check_block_tables) continue;
     const int64_t pages_used = (L + p.page_size - 1) / p.page_size;
+    const int32_t* const table = in.block_tables.data + b * p.max_pages;
+    if (max_entry(table, pages_used) < p.num_pages) continue;
     for (int64_t lp = 0; lp < pages_used; ++lp) {
       const int32_t page = in.block_tables.data[static_cast<size_t>(b * p.max_pages + lp)];
       if (page >= p.num_pages) {
@@ -239,12 +249,14 @@ void validate(const InputsView& in, Problem* out, bool check_block_tables) {
     }
   }
 
-  for (int64_t i = 0; i < in.selected.numel(); ++i) {
-    const int32_t id = in.selected.data[static_cast<size_t>(i)];
-    if (id >= p.msb) {
-      const int64_t t = i / (p.Hkv * p.topk), h = (i / p.topk) % p.Hkv, r = i % p.topk;
-      throw InputError("selected[" + str(t) + ", " + str(h) + ", " + str(r) + "]",
-                       "a block id < msb = " + str(p.msb) + " (or negative padding)", str(id));
+  if (max_entry(in.selected.data, in.selected.numel()) >= p.msb) {  // find the first
+    for (int64_t i = 0; i < in.selected.numel(); ++i) {
+      const int32_t id = in.selected.data[static_cast<size_t>(i)];
+      if (id >= p.msb) {
+        const int64_t t = i / (p.Hkv * p.topk), h = (i / p.topk) % p.Hkv, r = i % p.topk;
+        throw InputError("selected[" + str(t) + ", " + str(h) + ", " + str(r) + "]",
+                         "a block id < msb = " + str(p.msb) + " (or negative padding)", str(id));
+      }
     }
   }
 

@@ -241,7 +241,20 @@ namespace {
 // and not, several seeds.
 std::vector<std::pair<std::string, experiments::CaseSpec>> varied_kinds() {
   std::vector<std::pair<std::string, experiments::CaseSpec>> out;
-  for (const auto& [name, spec] : testing::case_kinds()) {
+  auto kinds = testing::case_kinds();
+  {  // decode: one query per sequence (the planner's one-query path) beside longer and empty ones
+    experiments::CaseSpec s;
+    s.qo = {1, 1, 3, 1, 0, 1, 1}; s.kv = {37, 64, 20, 5, 9, 130, 1}; s.Hq = 4; s.Hkv = 2; s.D = 8;
+    s.block_size = 8; s.page_size = 4; s.topk = 5;
+    kinds.emplace_back("decode_mixed", s);
+  }
+  {  // decode over spans of many 64-block words
+    experiments::CaseSpec s;
+    s.qo = {1, 1}; s.kv = {700, 1000}; s.Hq = 2; s.Hkv = 2; s.D = 8; s.block_size = 4; s.page_size = 2;
+    s.topk = 7;
+    kinds.emplace_back("decode_wide", s);
+  }
+  for (const auto& [name, spec] : kinds) {
     for (uint64_t seed : {11u, 12u}) {
       experiments::CaseSpec s = spec;
       s.seed = seed;
