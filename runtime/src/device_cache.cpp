@@ -11,6 +11,7 @@
 #include "kvouter/cuda_pinned.h"
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
+#include "kvouter/host_copy.h"
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"
@@ -101,8 +102,8 @@ DeviceArraySpec DeviceArraySpec::of(const std::string& target, const halide_devi
 DeviceArray::DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging)
     : type_(type), spec_(spec), staging_(host_staging) {}
 
-std::atomic<bool> DeviceArray::fast_readback_{true};
-void DeviceArray::set_fast_readback(bool on) { fast_readback_ = on; }
+std::atomic<bool> DeviceArray::fast_transfers_{true};
+void DeviceArray::set_fast_transfers(bool on) { fast_transfers_ = on; }
 
 DeviceArray::~DeviceArray() {
   if (pinned_) cuda_unpin(host_.data());
@@ -150,27 +151,45 @@ halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& shape) {
   return &view_;
 }
 
-halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std::vector<int64_t>& shape) {
+halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
+                                     UploadBatch* batch) {
   halide_buffer_t* v = view(shape);
-  const int64_t bytes = round64(static_cast<int64_t>(v->size_in_bytes()));
+  if (batch && fast_transfers_ && vulkan_transfers(&alloc_)) {
+    batch->pending_.push_back({this, data, count});
+    batch->writes_.push_back({&alloc_, data, count * type_.bytes(), round64(static_cast<int64_t>(v->size_in_bytes()))});
+  } else {
+    upload_now(data, count);
+  }
+  return v;
+}
+
+void UploadBatch::flush() {
+  if (!writes_.empty() && !vulkan_write_device(writes_)) {
+    for (const Pending& p : pending_) p.array->upload_now(p.data, p.count);
+  }
+  pending_.clear();
+  writes_.clear();
+}
+
+void DeviceArray::upload_now(const void* data, int64_t count) {
+  const int64_t bytes = round64(static_cast<int64_t>(view_.size_in_bytes()));
   const int64_t used = count * type_.bytes();
-  if (used > 0) std::memcpy(host_.data(), data, static_cast<size_t>(used));
-  std::memset(host_.data() + used, 0, static_cast<size_t>(bytes - used));
+  if (used > 0) host_copy(host_.data(), data, used);
+  host_copy(host_.data() + used, nullptr, bytes - used);
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_host_dirty(true);
   check(halide_copy_to_device(nullptr, &raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
-  return v;
 }
 
 void DeviceArray::download(void* dst) {
   const int64_t bytes = static_cast<int64_t>(view_.size_in_bytes());
-  if (fast_readback_ && vulkan_read_device(&alloc_, bytes, dst)) return;
+  if (fast_transfers_ && vulkan_read_device(&alloc_, bytes, dst)) return;
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_device_dirty(true);
   check(halide_copy_to_host(nullptr, &raw), "reading back " + std::to_string(bytes) + " bytes");
-  std::memcpy(dst, host_.data(), static_cast<size_t>(bytes));
+  host_copy(dst, host_.data(), bytes);
 }
 
 // --- DeviceKvCache -----------------------------------------------------------------------------
@@ -509,7 +528,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
 
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
-  halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec());
+  halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec(), &uploads_);
   const int64_t nb = p.Tq == 0 ? 0 : std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;
@@ -530,10 +549,10 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       st.offset = 0;
       seg_count_[static_cast<size_t>(b)] = st.n;
       if (st.n > 0) {
-        st.head.upload(ts.tile_head.data() + tb, st.n, {st.n});
-        st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb});
-        st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T});
-        st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T});
+        st.head.upload(ts.tile_head.data() + tb, st.n, {st.n}, &uploads_);
+        st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
+        st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
+        st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
       }
       pidx_.assign(ts.partial_index.begin() + bt.t0 * p.Hkv * p.topk, ts.partial_index.begin() + bt.t1 * p.Hkv * p.topk);
       for (int32_t& x : pidx_) {
@@ -543,11 +562,13 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       build_segment_tiles(plan, b, tb, te);
     }
     const int64_t nt = std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0});
-    bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks});
+    bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
+    uploads_.flush();  // this batch's arrays (the next batch reuses the host ones)
   }
+  uploads_.flush();
   check(halide_device_sync(nullptr, q), "uploads (sync)");
   timing_.upload_ms = ms_since(t);
 
@@ -651,6 +672,10 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
       }
     }
   }
+  // Where each segment's partials go in the batch's: tiles [offset, offset + n) (the sources of a
+  // batch's uploads stay as they are until its flush).
+  iota_.resize(static_cast<size_t>(std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0})));
+  std::iota(iota_.begin(), iota_.end(), 0);
   int64_t off = 0;
   for (int64_t sg = 0; sg < S; ++sg) {
     SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
@@ -658,15 +683,12 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
     st.offset = off;
     off += st.n;
     if (st.n == 0) continue;
-    st.head.upload(head_.data() + st.offset, st.n, {st.n});
-    st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb});
-    st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T});
-    st.limit.upload(limit_.data() + st.offset * T, st.n * T, {st.n, T});
-    // Where the segment's partials go in the batch's: tiles [offset, offset + n).
-    iota_.resize(static_cast<size_t>(st.n));
-    for (int64_t i = 0; i < st.n; ++i) iota_[static_cast<size_t>(i)] = static_cast<int32_t>(st.offset + i);
-    st.to_tile.upload(iota_.data(), st.n, {st.n});
-    st.zeros.upload(nullptr, 0, {st.n});
+    st.head.upload(head_.data() + st.offset, st.n, {st.n}, &uploads_);
+    st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
+    st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T}, &uploads_);
+    st.limit.upload(limit_.data() + st.offset * T, st.n * T, {st.n, T}, &uploads_);
+    st.to_tile.upload(iota_.data() + st.offset, st.n, {st.n}, &uploads_);
+    st.zeros.upload(nullptr, 0, {st.n}, &uploads_);
     st.part.view({st.n, T * p.qhead, C});
   }
 }

@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <mutex>
 
+#include "kvouter/host_copy.h"
+
 namespace kvouter::halide {
 
 namespace {
@@ -32,6 +34,7 @@ struct Fns {
   PFN_vkBindBufferMemory bind = nullptr;
   PFN_vkMapMemory map = nullptr;
   PFN_vkInvalidateMappedMemoryRanges invalidate = nullptr;
+  PFN_vkFlushMappedMemoryRanges flush = nullptr;
   PFN_vkCreateCommandPool create_pool = nullptr;
   PFN_vkAllocateCommandBuffers allocate_commands = nullptr;
   PFN_vkBeginCommandBuffer begin = nullptr;
@@ -102,7 +105,8 @@ bool init(VkInstance instance, VkDevice device, uint32_t family) {
   if (!dev("vkCreateBuffer", &f.create_buffer) || !dev("vkDestroyBuffer", &f.destroy_buffer) ||
       !dev("vkGetBufferMemoryRequirements", &f.requirements) || !dev("vkAllocateMemory", &f.allocate) ||
       !dev("vkFreeMemory", &f.free) || !dev("vkBindBufferMemory", &f.bind) || !dev("vkMapMemory", &f.map) ||
-      !dev("vkInvalidateMappedMemoryRanges", &f.invalidate) || !dev("vkCreateCommandPool", &f.create_pool) ||
+      !dev("vkInvalidateMappedMemoryRanges", &f.invalidate) || !dev("vkFlushMappedMemoryRanges", &f.flush) ||
+      !dev("vkCreateCommandPool", &f.create_pool) ||
       !dev("vkAllocateCommandBuffers", &f.allocate_commands) || !dev("vkBeginCommandBuffer", &f.begin) ||
       !dev("vkEndCommandBuffer", &f.end) || !dev("vkResetCommandBuffer", &f.reset) ||
       !dev("vkCmdPipelineBarrier", &f.barrier) || !dev("vkCmdCopyBuffer", &f.copy) || !dev("vkQueueSubmit", &f.submit) ||
@@ -142,8 +146,9 @@ bool reserve(VkPhysicalDevice physical, VkDeviceSize bytes) {
     staging.size = 0;
   }
   bytes = std::max<VkDeviceSize>(bytes, VkDeviceSize{1} << 20);
-  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, nullptr, 0, bytes, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                        VK_SHARING_MODE_EXCLUSIVE, 0, nullptr};
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, nullptr, 0, bytes,
+                        VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_SHARING_MODE_EXCLUSIVE,
+                        0, nullptr};
   VkBuffer buffer = VK_NULL_HANDLE;
   if (f.create_buffer(staging.device, &bi, nullptr, &buffer) != VK_SUCCESS) return false;
   VkMemoryRequirements req{};
@@ -188,15 +193,19 @@ void set_vulkan_context_fns(const VulkanContextFns& fns) {
   context_fns = fns;
 }
 
-bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
-  if (!buf || !buf->device || bytes <= 0) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!context_fns.acquire || !context_fns.release || !context_fns.interface) return false;
-  if (buf->device_interface != context_fns.interface()) return false;
-  // Halide 21's Vulkan device handle is its MemoryRegion, whose first member is the VkBuffer's
-  // handle (for a region that owns its allocation: every allocation here, never a crop).
+namespace {
+
+// The VkBuffer behind a whole allocation of Halide 21's Vulkan runtime: its device handle is a
+// MemoryRegion whose first member is the VkBuffer's handle (every allocation here, never a crop).
+VkBuffer vk_buffer_of(const halide_buffer_t* buf) {
   const auto* region = reinterpret_cast<void* const*>(buf->device);
-  const VkBuffer src = *static_cast<const VkBuffer*>(region[0]);
+  return *static_cast<const VkBuffer*>(region[0]);
+}
+
+// With Halide's context held and the staging at least `bytes`: before(mapped) fills the staging,
+// record(commands) records the copies, after(mapped) reads it; one submission, waited for.
+template <class Before, class Record, class After>
+bool with_staging(int64_t bytes, Before before, Record record, After after) {
   halide_vulkan_memory_allocator* allocator = nullptr;
   VkInstance instance = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
@@ -210,21 +219,17 @@ bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
   bool ok = init(instance, device, family) && reserve(physical, static_cast<VkDeviceSize>(bytes));
   if (ok) {
     const Fns& f = staging.f;
+    before(staging.mapped);
+    if (!staging.coherent) {
+      VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, staging.memory, 0, VK_WHOLE_SIZE};
+      ok = f.flush(device, 1, &r) == VK_SUCCESS;
+    }
     f.reset(staging.commands, 0);
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
                                 VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, nullptr};
-    ok = f.begin(staging.commands, &bi) == VK_SUCCESS;
+    ok = ok && f.begin(staging.commands, &bi) == VK_SUCCESS;
     if (ok) {
-      // Every earlier write of the queue (kernels, copies) before the copy reads.
-      VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                         VK_ACCESS_TRANSFER_READ_BIT};
-      f.barrier(staging.commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0,
-                nullptr, 0, nullptr);
-      VkBufferCopy region_copy{0, 0, static_cast<VkDeviceSize>(bytes)};
-      f.copy(staging.commands, src, staging.buffer, 1, &region_copy);
-      VkMemoryBarrier hb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT};
-      f.barrier(staging.commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, nullptr, 0,
-                nullptr);
+      record(f, staging.commands);
       ok = f.end(staging.commands) == VK_SUCCESS;
     }
     if (ok) {
@@ -237,10 +242,86 @@ bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
       VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, staging.memory, 0, VK_WHOLE_SIZE};
       ok = f.invalidate(device, 1, &r) == VK_SUCCESS;
     }
-    if (ok) std::memcpy(dst, staging.mapped, static_cast<size_t>(bytes));
+    if (ok) after(staging.mapped);
   }
   context_fns.release(nullptr, instance, device, queue, messenger);
   return ok;
+}
+
+bool usable(const halide_buffer_t* buf) {
+  return buf && buf->device && context_fns.acquire && context_fns.release && context_fns.interface &&
+         buf->device_interface == context_fns.interface();
+}
+
+}  // namespace
+
+bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
+  if (bytes <= 0) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!usable(buf)) return false;
+  const VkBuffer src = vk_buffer_of(buf);
+  return with_staging(
+      bytes, [](void*) {},
+      [&](const Fns& f, VkCommandBuffer commands) {
+        // Every earlier write of the queue (kernels, copies) before the copy reads.
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                           VK_ACCESS_TRANSFER_READ_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                  nullptr);
+        VkBufferCopy region_copy{0, 0, static_cast<VkDeviceSize>(bytes)};
+        f.copy(commands, src, staging.buffer, 1, &region_copy);
+        VkMemoryBarrier hb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, nullptr, 0, nullptr);
+      },
+      [&](void* mapped) { host_copy(dst, mapped, bytes); });
+}
+
+bool vulkan_transfers(const halide_buffer_t* buf) {
+  std::lock_guard<std::mutex> lock(mu);
+  return usable(buf);
+}
+
+bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
+  if (writes.empty()) return true;
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<int64_t> offset(writes.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (!usable(writes[i].dst) || writes[i].bytes < writes[i].src_bytes || writes[i].src_bytes < 0) return false;
+    offset[i] = total;
+    total += (writes[i].bytes + 255) / 256 * 256;
+  }
+  if (total == 0) return true;
+  return with_staging(
+      total,
+      [&](void* mapped) {
+        for (size_t i = 0; i < writes.size(); ++i) {
+          char* at = static_cast<char*>(mapped) + offset[i];
+          host_copy(at, writes[i].src, writes[i].src_bytes);
+          host_copy(at + writes[i].src_bytes, nullptr, writes[i].bytes - writes[i].src_bytes);
+        }
+      },
+      [&](const Fns& f, VkCommandBuffer commands) {
+        // Every earlier use of the queue (kernels reading or writing the arrays) before the copies
+        // write; the copies before any later kernel.
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
+                           VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                               VK_ACCESS_TRANSFER_WRITE_BIT,
+                           VK_ACCESS_TRANSFER_WRITE_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                  nullptr);
+        for (size_t i = 0; i < writes.size(); ++i) {
+          if (writes[i].bytes == 0) continue;
+          VkBufferCopy c{static_cast<VkDeviceSize>(offset[i]), 0, static_cast<VkDeviceSize>(writes[i].bytes)};
+          f.copy(commands, staging.buffer, vk_buffer_of(writes[i].dst), 1, &c);
+        }
+        VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
+                              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                                  VK_ACCESS_TRANSFER_WRITE_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0, nullptr, 0,
+                  nullptr);
+      },
+      [](void*) {});
 }
 
 }  // namespace kvouter::halide

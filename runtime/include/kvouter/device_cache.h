@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kvouter/backend.h"
+#include "kvouter/vulkan_readback.h"
 #include "kvouter/plan.h"
 
 namespace kvouter::halide {
@@ -50,6 +51,26 @@ struct DeviceArraySpec {
 
 // A scratch array on the device: a halide_buffer_t whose device allocation holds `capacity`
 // bytes, viewed at any shape that fits (views share the allocation, at offset 0).
+class DeviceArray;
+
+// Uploads gathered for one submission (Vulkan: vulkan_write_device, all of them through one
+// staging copy and one wait; elsewhere each array's own copy at once). The sources must stay
+// valid until flush().
+class UploadBatch {
+ public:
+  void flush();
+
+ private:
+  friend class DeviceArray;
+  struct Pending {
+    DeviceArray* array;
+    const void* data;
+    int64_t count;
+  };
+  std::vector<Pending> pending_;
+  std::vector<VulkanWrite> writes_;
+};
+
 class DeviceArray {
  public:
   DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging = true);
@@ -59,18 +80,23 @@ class DeviceArray {
 
   // A view of `shape` (C order), growing the allocation (its contents lost) when it is too small.
   halide_buffer_t* view(const std::vector<int64_t>& shape);
-  // view(shape), with `count` elements from `data` copied to the device (the rest zero).
-  halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape);
+  // view(shape), with `count` elements from `data` copied to the device (the rest zero): at once,
+  // or, given a batch on Vulkan, at the batch's flush().
+  halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
+                          UploadBatch* batch = nullptr);
   // Copies the view's elements back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
   int64_t capacity_bytes() const { return capacity_; }
-  // Vulkan read-backs through vulkan_read_device (on by default); off: Halide's copy_to_host.
-  static void set_fast_readback(bool on);
+  // Vulkan read-backs and batched uploads through our own staging (vulkan_read_device,
+  // vulkan_write_device; on by default); off: Halide's copy_to_host and copy_to_device.
+  static void set_fast_transfers(bool on);
 
  private:
+  friend class UploadBatch;
   void reserve(int64_t bytes);
-  static std::atomic<bool> fast_readback_;
+  void upload_now(const void* data, int64_t count);
+  static std::atomic<bool> fast_transfers_;
   halide_type_t type_;
   DeviceArraySpec spec_;
   bool staging_;
@@ -191,6 +217,7 @@ class DeviceStepRunner {
   std::vector<std::unique_ptr<Batch>> batches_;
   int64_t used_batches_ = 0;
   std::unique_ptr<DeviceArray> q_;
+  UploadBatch uploads_;   // a step's uploads, one submission per query batch
   uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
   // Host scratch, reused across steps.
   std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;  // segmented pools only

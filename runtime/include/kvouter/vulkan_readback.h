@@ -1,10 +1,11 @@
-// Device-to-host copies of Vulkan device buffers at memory speed (vulkan_readback.cpp says why
-// Halide's own copy is not used for them).
+// Copies between the host and Vulkan device buffers at memory speed, through host-cached staging
+// of our own (vulkan_readback.cpp says why Halide's own copies are not used for them).
 #pragma once
 
 #include <HalideRuntime.h>
 
 #include <cstdint>
+#include <vector>
 
 struct halide_vulkan_memory_allocator;
 struct VkInstance_T;
@@ -29,5 +30,20 @@ void set_vulkan_context_fns(const VulkanContextFns& fns);
 // runtime, never a crop) into `dst`, after every write queued before it. False when it cannot
 // (no context functions, no host-cached memory type): the caller then uses halide_copy_to_host.
 bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst);
+
+// Host-to-device writes, several in one submission through the same staging: dst's allocation
+// gets src_bytes from src, then zeros up to `bytes` (a whole allocation of Halide's Vulkan runtime,
+// never a crop). After every use of the queue queued before it, and before any after it. False
+// when it cannot (as vulkan_read_device): the caller then uses halide_copy_to_device.
+struct VulkanWrite {
+  const halide_buffer_t* dst = nullptr;
+  const void* src = nullptr;
+  int64_t src_bytes = 0;
+  int64_t bytes = 0;
+};
+bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
+// Whether these copies serve `buf` (an allocation of Halide's Vulkan runtime, context functions
+// registered).
+bool vulkan_transfers(const halide_buffer_t* buf);
 
 }  // namespace kvouter::halide

@@ -1,0 +1,53 @@
+#include "kvouter/host_copy.h"
+
+#include <HalideRuntime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace kvouter::halide {
+
+namespace {
+
+struct CopyTask {
+  char* dst;
+  const char* src;
+  int64_t bytes;
+  int64_t chunk;
+};
+
+int copy_chunk(void*, int i, uint8_t* closure) {
+  const CopyTask& c = *reinterpret_cast<const CopyTask*>(closure);
+  const int64_t begin = i * c.chunk, n = std::min(c.chunk, c.bytes - begin);
+  if (c.src) {
+    std::memcpy(c.dst + begin, c.src + begin, static_cast<size_t>(n));
+  } else {
+    std::memset(c.dst + begin, 0, static_cast<size_t>(n));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void host_copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (bytes < kParallelCopyBytes) {
+    if (src) {
+      std::memcpy(dst, src, static_cast<size_t>(bytes));
+    } else {
+      std::memset(dst, 0, static_cast<size_t>(bytes));
+    }
+    return;
+  }
+  // Chunks of at least 256 KB, cache-line aligned.
+  CopyTask c{static_cast<char*>(dst), static_cast<const char*>(src), bytes, 0};
+  const int64_t chunks = std::min<int64_t>(bytes / (int64_t{256} << 10), 64);
+  c.chunk = ((bytes + chunks - 1) / chunks + 63) / 64 * 64;
+  const int n = static_cast<int>((bytes + c.chunk - 1) / c.chunk);
+  const int err = halide_do_par_for(nullptr, copy_chunk, 0, n, reinterpret_cast<uint8_t*>(&c));
+  if (err != 0) throw std::runtime_error("host_copy: Halide's thread pool failed with " + std::to_string(err));
+}
+
+}  // namespace kvouter::halide
