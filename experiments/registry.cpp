@@ -13,7 +13,7 @@
 #include "kvouter/aot_kernels.h"
 #include "kvouter/jit.h"
 #include "kvouter/vulkan_probe.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter::experiments {
 

@@ -22,7 +22,7 @@
 #include "kvouter/plan.h"
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter::experiments {
 
@@ -73,42 +73,18 @@ ShapeClass ShapeClass::of(const Inputs& in) {
 }
 
 bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target, uint64_t max_shared_bytes) {
-  if (c.knobs.empty()) return true;  // an autoscheduled twin
-  auto knob = [&](const char* k) { return std::stol(c.knobs.at(k)); };
-  const long T = knob("T"), chunk = knob("chunk"), rows = knob("rows"), unroll = knob("unroll");
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
-  const bool gpu = info && info->device == "vulkan";
+  if (!info) return false;
+  const bool gpu = info->device == "vulkan";
   if (gpu != is_vulkan_target(target)) return false;  // a schedule runs on its own device only
+  if (c.knobs.empty()) return true;                    // an autoscheduled twin
+  pipeline::KnobValues k;
+  for (const auto& [name, value] : c.knobs) k[name] = std::stol(value);
   // Decode-like shapes have about one query per work unit: large tiles are padding.
-  if (shape.decode ? T > 2 : (T != 0 && T < 8)) return false;
-  if (gpu) {
-    if (c.schedule == "vulkan_fused") {
-      // Within the device's shared memory per workgroup (the schedule's own formula).
-      const int64_t shared = pipeline::vulkan_fused_shared_bytes(int(rows), int(shape.D), int(chunk));
-      return chunk <= shape.block_size && unroll == 4 && shared <= static_cast<int64_t>(max_shared_bytes);
-    }
-    if (c.schedule == "vulkan_onepass") {
-      // The block is one chunk; the workgroup's shared memory as Halide allocates it
-      // (schedules/vulkan_onepass.cpp); rows past the tile's rows are the same program.
-      if (T > 0 && rows > T * shape.qhead) return false;
-      // The scalar kernel is the default one where the tiles do not cover the block and D.
-      if (c.knobs.count("vec") && (shape.block_size % unroll || shape.D % unroll)) return false;
-      return chunk == 4096 && shape.block_size <= chunk &&
-             pipeline::vulkan_onepass_shared_bytes(int(rows), int(shape.D), int(shape.block_size),
-                                                  c.knobs.count("slice") ? int(std::stol(c.knobs.at("slice"))) : 0) <=
-                 static_cast<int64_t>(max_shared_bytes);
-    }
-    // The GEMM-stage schedules take the block as one chunk; rows x unroll register tile.
-    return chunk == 4096 && rows * unroll <= 32;
-  }
-  // A chunk past the block is the block; tiny chunks only add merge steps.
-  if (chunk > shape.block_size || chunk < 16) return false;
-  // Register budget of the tiled products: rows x unroll accumulators (+ loads) in 32 vector regs.
-  if (rows * unroll > 16) return false;
-  // Knobs a schedule does not read are pinned, so no two candidates are the same program.
-  if (c.schedule == "cpu_simple" && (rows != 4 || unroll != 4)) return false;
-  if (c.schedule == "cpu_rowstream" && unroll != 4) return false;
-  return true;
+  if (shape.decode ? k.at("T") > 2 : (k.at("T") != 0 && k.at("T") < 8)) return false;
+  const pipeline::TuneShape ts{shape.D, shape.block_size, shape.page_size, shape.qhead, shape.decode,
+                               static_cast<int64_t>(max_shared_bytes)};
+  return !info->keep || info->keep(k, ts);
 }
 
 std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target) {
@@ -118,17 +94,7 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
     const auto devices = vulkan_devices();
     if (!devices.empty() && devices[0].max_shared_bytes > 0) shared = devices[0].max_shared_bytes;
   }
-  // Per family: the values of chunk, rows and unroll to cross with T (keep() prunes the product).
-  struct Axes {
-    std::vector<const char*> chunks, rows, unrolls;
-    std::vector<const char*> vecs = {""};  // "" = the knob's default (not in the candidate's knobs)
-  };
-  const Axes cpu{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
-  const Axes fused{{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}};
-  const Axes gemm{{"4096"}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
-  // vulkan_onepass: its vector width's per-target default against the scalar kernel (on the
-  // H200 each won somewhere: docs/vulkan.md).
-  const Axes onepass{{"4096"}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}};
+  // Each schedule's own axes crossed with T; keep() (the schedule's rule) prunes the product.
   const std::vector<const char*> Ts = {"0", "1", "2", "8", "16", "32"};
   std::vector<Candidate> out;
   for (const auto& s : pipeline::all_schedules()) {
@@ -137,17 +103,14 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
       out.push_back({s.name, {}});
       continue;
     }
-    const Axes& ax = !gpu                         ? cpu
-                     : s.name == "vulkan_fused"   ? fused
-                     : s.name == "vulkan_onepass" ? onepass
-                                                  : gemm;
+    const auto& ax = s.axes;
     for (const char* T : Ts)
-      for (const char* chunk : ax.chunks)
-        for (const char* r : ax.rows)
-          for (const char* unroll : ax.unrolls)
-            for (const char* vec : ax.vecs) {
+      for (const auto& chunk : ax.chunks)
+        for (const auto& r : ax.rows)
+          for (const auto& unroll : ax.unrolls)
+            for (const auto& vec : ax.vecs) {
               Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
-              if (*vec) c.knobs["vec"] = vec;
+              if (!vec.empty()) c.knobs["vec"] = vec;
               if (keep(c, shape, target, shared)) out.push_back(c);
             }
   }

@@ -1,5 +1,6 @@
 // The autotuner: `kvouter tune --shape NAME --target T` (the CPU schedules for host, the Vulkan
-// ones for host-vulkan). A cartesian space of knobs per schedule family, filtered by an explicit keep() predicate keyed on shape class and target (Triton's
+// ones for host-vulkan). A generic loop over the schedule registry: each entry's knob axes crossed
+// with T, filtered by the entry's keep() predicate keyed on shape class and target (Triton's
 // autotune), plus the autoscheduled twins as candidates. Each candidate is JIT-compiled, checked
 // against the Eigen float64 oracle (a wrong one is rejected with the reason logged), and timed by
 // the median after warm-up (Highway's auto_tune: a robust statistic, not the minimum); clear
@@ -32,8 +33,8 @@ struct ShapeClass {
 };
 
 // The search space after keep(): the CPU schedules for a host target, the Vulkan ones for a
-// Vulkan target (vulkan_fused and vulkan_onepass pruned to the device's shared memory per
-// workgroup).
+// Vulkan target, each registry entry's axes (pipeline::ScheduleInfo) crossed with T and pruned by
+// the entry's keep() (the shared-memory schedules to the device's shared memory per workgroup).
 std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& target);
 constexpr uint64_t kMinSharedBytes = 32 * 1024;  // the smallest seen (lavapipe)
 bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target,

@@ -6,7 +6,7 @@
 
 #include "kvouter/tile_layout.h"
 #include "kvouter_funcs.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter::pipeline {
 namespace {

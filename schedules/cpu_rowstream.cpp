@@ -34,4 +34,15 @@ void cpu_rowstream_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   f.cpv.update().split(f.d, pu, pv, k.vec, guard).reorder(pv, pu, f.row, f.rp.x).vectorize(pv).unroll(f.row);
 }
 
+namespace {
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"cpu_rowstream", "cpu", cpu_rowstream_forward, cpu_simple_combine, "",
+     "per tile: K/V chunk staged once, rows streamed in register blocks (scores never stored)", false, {},
+     cpu_axes(), nullptr,
+     // unroll is not read: pinned
+     [](const KnobValues& k, const TuneShape& s) { return cpu_keep(k, s) && k.at("unroll") == 4; }});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

@@ -47,4 +47,25 @@ void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   f.lse.compute_root().parallel(f.t, 64, guard);
 }
 
+const ScheduleInfo::Axes& cpu_axes() {
+  static const ScheduleInfo::Axes axes{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
+  return axes;
+}
+
+bool cpu_keep(const KnobValues& k, const TuneShape& shape) {
+  // A chunk past the block is the block; tiny chunks only add merge steps. Register budget of the
+  // tiled products: rows x unroll accumulators (+ loads) in 32 vector registers.
+  return k.at("chunk") <= shape.block_size && k.at("chunk") >= 16 && k.at("rows") * k.at("unroll") <= 16;
+}
+
+namespace {
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"cpu_simple", "cpu", cpu_simple_forward, cpu_simple_combine, "",
+     "plain: vectorised over the innermost dimension, parallel over tiles", false, {}, cpu_axes(), nullptr,
+     // rows and unroll are not read: pinned, so that no two candidates are the same program
+     [](const KnobValues& k, const TuneShape& s) { return cpu_keep(k, s) && k.at("rows") == 4 && k.at("unroll") == 4; }});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

@@ -53,4 +53,13 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   register_tiled_product(f.cpv, f.d, f.row, f.rp.x, f.st, rc, k);
 }
 
+namespace {
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"cpu_tiled", "cpu", cpu_tiled_forward, cpu_simple_combine, "",
+     "per tile: K chunk staged transposed once, register-blocked Q.K^T and P.V", false, {}, cpu_axes(), nullptr,
+     cpu_keep});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

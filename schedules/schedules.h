@@ -1,46 +1,30 @@
-// The registry of named schedules. Adding a schedule is one new file in schedules/ plus one line in
-// schedules/registry.cpp; it then shows up in the CLI, the tests, the benchmarks and the sweeps.
+// What the files of schedules/ share: helpers that several schedules apply. Each file registers
+// its own schedule with register_schedule() (generators/schedule_registry.h); adding a schedule is
+// one new file here, and it then shows up in the CLI, the tests, the benchmarks, the sweeps and
+// the tuner.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
-#include <vector>
 
-#include "kvouter_funcs.h"
+#include "schedule_registry.h"
 
 namespace kvouter::pipeline {
-
-struct ScheduleInfo {
-  std::string name;
-  std::string device;           // "cpu" or "vulkan"
-  ForwardSchedule forward;      // nullptr for autoscheduled twins
-  CombineSchedule combine;
-  std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
-  std::string summary;
-  // Knobs this schedule runs with unless the caller sets them (--param), e.g. chunk for the GPU
-  // schedules, whose shared memory the chunk sizes.
-  std::map<std::string, std::string> default_params = {};
-};
-
-const std::vector<ScheduleInfo>& all_schedules();
-const ScheduleInfo* find_schedule(const std::string& name);
 
 // What every CPU schedule shares: tiles in parallel (knob grain), the packed output and the
 // tile's gathered query rows vectorised, and the online state computed per tile, vectorised
 // over D. The state's chunk loop (update) is left to the schedule.
 void cpu_tile_level(ForwardFuncs& f, const Knobs& k);
 
-// Per-file entry points (one pair per schedule file).
-void cpu_simple_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
+// The combines the schedules share (cpu_simple.cpp, vulkan_tiled.cpp).
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
-void cpu_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
-void cpu_rowstream_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
-void vulkan_tiled_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
-void vulkan_rows_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
-void vulkan_fused_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
-void vulkan_onepass_forward(ForwardFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
+// The CPU schedules' tuning axes and the rule they share (cpu_simple.cpp).
+const ScheduleInfo::Axes& cpu_axes();
+bool cpu_keep(const KnobValues& k, const TuneShape& shape);
+// The GEMM-stage schedules' (vulkan_tiled, vulkan_rows) axes and rule (vulkan_tiled.cpp).
+const ScheduleInfo::Axes& vulkan_gemm_axes();
+bool vulkan_gemm_keep(const KnobValues& k, const TuneShape& shape);
 // GPU schedules need the shapes that size shared memory specialised, and with one_chunk the block
 // processed as one chunk; throws CompileError if not.
 void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk);

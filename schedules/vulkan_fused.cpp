@@ -115,4 +115,21 @@ void vulkan_fused_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   if (C <= 16) f.cpv.update().unroll(f.rp.x);
 }
 
+namespace {
+
+int64_t fused_shared(const KnobValues& k, const TuneShape& s) {
+  return vulkan_fused_shared_bytes(int(k.at("rows")), int(s.D), int(k.at("chunk")));
+}
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"vulkan_fused", "vulkan", vulkan_fused_forward, vulkan_combine, "",
+     "one kernel per (row group, tile): K/V chunk staged in shared memory, online softmax over "
+     "chunks, state in shared memory",
+     false, {{"chunk", "8"}, {"rows", "8"}}, {{"4", "8", "16", "32"}, {"4", "8", "16", "32"}, {"4"}}, fused_shared,
+     [](const KnobValues& k, const TuneShape& s) {
+       return k.at("chunk") <= s.block_size && k.at("unroll") == 4 && fused_shared(k, s) <= s.max_shared_bytes;
+     }});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

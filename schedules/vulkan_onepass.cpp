@@ -234,4 +234,30 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
   block_gemm(cw, f.cpv, f.d, f.row, f.c, f.tile, group, RX, RY, f.rp.x, C, V);
 }
 
+namespace {
+
+int64_t onepass_shared(const KnobValues& k, const TuneShape& s) {
+  const auto slice = k.find("slice");
+  return vulkan_onepass_shared_bytes(int(k.at("rows")), int(s.D), int(s.block_size),
+                                     slice == k.end() ? 0 : int(slice->second));
+}
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"vulkan_onepass", "vulkan", vulkan_onepass_forward, vulkan_combine, "",
+     "one kernel per (row group, tile), the block as one chunk: K/V read from their pages once "
+     "per workgroup, register-tiled scores and P.V, every intermediate in shared memory",
+     true, {{"rows", "8"}},
+     // vec: its per-target default against the scalar kernel (on the H200 each won somewhere:
+     // docs/vulkan.md)
+     {{std::to_string(kOneChunk)}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, onepass_shared,
+     [](const KnobValues& k, const TuneShape& s) {
+       // Rows past the tile's rows are the same program; the scalar kernel is the default one
+       // where the tiles do not cover the block and D.
+       if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
+       if (k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll"))) return false;
+       return k.at("chunk") == kOneChunk && s.block_size <= kOneChunk && onepass_shared(k, s) <= s.max_shared_bytes;
+     }});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

@@ -18,4 +18,13 @@ void vulkan_rows_forward(ForwardFuncs& f, const Knobs& k, const Halide::Target&)
   vulkan_gemm_forward(f, k, std::max(1, f.static_rows / std::max(1, f.static_T)));
 }
 
+namespace {
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"vulkan_rows", "vulkan", vulkan_rows_forward, vulkan_combine, "",
+     "vulkan_tiled's stages with workgroups of one edge's rows (qhead) each", true, {}, vulkan_gemm_axes(),
+     nullptr, vulkan_gemm_keep});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

@@ -236,4 +236,24 @@ void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   for (Func stat : {mmax_lse, lsum_lse}) stat.compute_at(f.lse, ji).store_in(MemoryType::Register);
 }
 
+const ScheduleInfo::Axes& vulkan_gemm_axes() {
+  static const ScheduleInfo::Axes axes{{std::to_string(kOneChunk)}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
+  return axes;
+}
+
+bool vulkan_gemm_keep(const KnobValues& k, const TuneShape&) {
+  // The block as one chunk; a rows x unroll register tile.
+  return k.at("chunk") == kOneChunk && k.at("rows") * k.at("unroll") <= 32;
+}
+
+namespace {
+
+[[maybe_unused]] const bool registered = register_schedule(
+    {"vulkan_tiled", "vulkan", vulkan_tiled_forward, vulkan_combine, "",
+     "GEMM stages per tile (one workgroup per tile each): K staged transposed, register-tiled "
+     "scores and P.V through device memory; the block is one chunk",
+     true, {}, vulkan_gemm_axes(), nullptr, vulkan_gemm_keep});
+
+}  // namespace
+
 }  // namespace kvouter::pipeline

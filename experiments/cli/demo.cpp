@@ -15,7 +15,7 @@
 #include "cli_util.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter::cli {
 

@@ -15,7 +15,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
 #include "registry.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 #include "tuner.h"
 
 namespace kvouter::cli {

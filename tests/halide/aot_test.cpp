@@ -17,7 +17,7 @@
 #include "registry.h"
 #include "scratch_reuse.h"
 #include "storage_check.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter {
 namespace {

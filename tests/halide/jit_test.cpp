@@ -16,7 +16,7 @@
 #include "storage_check.h"
 #include "kvouter/jit.h"
 #include "registry.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 
 namespace kvouter {
 namespace {

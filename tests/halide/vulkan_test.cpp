@@ -26,7 +26,7 @@
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
-#include "schedules.h"
+#include "schedule_registry.h"
 #include "storage_check.h"
 #include "tuner.h"
 

@@ -1,0 +1,39 @@
+#include "schedule_registry.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <tuple>
+
+namespace kvouter::pipeline {
+
+namespace {
+
+std::vector<ScheduleInfo>& registry() {
+  static std::vector<ScheduleInfo> list;  // built before main, by the schedules' initialisers
+  return list;
+}
+
+auto order_key(const ScheduleInfo& s) { return std::make_tuple(!s.autoscheduler.empty(), s.device != "cpu", s.name); }
+
+}  // namespace
+
+const std::vector<ScheduleInfo>& all_schedules() { return registry(); }
+
+const ScheduleInfo* find_schedule(const std::string& name) {
+  for (const auto& s : registry()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+bool register_schedule(ScheduleInfo info) {
+  if (find_schedule(info.name)) throw std::logic_error("schedule '" + info.name + "' registered twice");
+  if (info.one_chunk) info.default_params.emplace("chunk", std::to_string(kOneChunk));
+  auto& list = registry();
+  const auto at = std::upper_bound(list.begin(), list.end(), info,
+                                   [](const ScheduleInfo& a, const ScheduleInfo& b) { return order_key(a) < order_key(b); });
+  list.insert(at, std::move(info));
+  return true;
+}
+
+}  // namespace kvouter::pipeline

@@ -1,0 +1,63 @@
+// The schedule interface and its registry. The generators look a schedule up here by name; each
+// file in schedules/ registers itself with register_schedule(), so the generators never include
+// the schedules. An entry describes itself to every tool: the CLI and the tests list the entries,
+// and the tuner crosses each entry's knob axes and keeps what the entry's keep() accepts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvouter_funcs.h"
+
+namespace kvouter::pipeline {
+
+// What the tuner knows of a shape and a device when it asks a schedule about a candidate.
+struct TuneShape {
+  int64_t D = 0, block_size = 0, page_size = 0, qhead = 0;
+  bool decode = false;            // about one query per work unit
+  int64_t max_shared_bytes = 0;   // per workgroup, of the device tuned on (GPU schedules)
+};
+
+// A candidate's knobs by name (T, chunk, rows, unroll, and vec when set), as integers.
+using KnobValues = std::map<std::string, int64_t>;
+
+struct ScheduleInfo {
+  std::string name;
+  std::string device;           // "cpu" or "vulkan"
+  ForwardSchedule forward;      // nullptr for autoscheduled twins
+  CombineSchedule combine;
+  std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
+  std::string summary;
+  // The forward takes each block as one chunk (the GPU schedules whose shared memory or register
+  // arrays hold a whole block): chunk is then kOneChunk, the clamp to the block, by default.
+  bool one_chunk = false;
+  // Knobs this schedule runs with unless the caller sets them (--param); one_chunk adds chunk.
+  std::map<std::string, std::string> default_params = {};
+  // The tuner's axes: the values of chunk, rows and unroll it crosses with T (and vec: "" is the
+  // knob's default, left out of the candidate). Empty for autoscheduled twins.
+  struct Axes {
+    std::vector<std::string> chunks, rows, unrolls;
+    std::vector<std::string> vecs = {""};
+  } axes = {};
+  // Shared memory of one workgroup for these knobs at this shape, in bytes (GPU schedules that
+  // stage in shared memory; the same formula the schedule allocates by), or null.
+  std::function<int64_t(const KnobValues&, const TuneShape&)> shared_bytes = nullptr;
+  // Whether a candidate of the axes is a distinct program that fits the shape and the device
+  // (knobs the schedule does not read pinned, shared memory within the device's). Null: all.
+  std::function<bool(const KnobValues&, const TuneShape&)> keep = nullptr;
+};
+
+// The chunk that stands for "the whole block" (the forward clamps chunk to the block).
+inline constexpr int kOneChunk = 4096;
+
+// Every registered schedule: manual schedules before autoscheduled twins, CPU before GPU, then by
+// name (registration order across files is not defined, this order is).
+const std::vector<ScheduleInfo>& all_schedules();
+const ScheduleInfo* find_schedule(const std::string& name);
+// Called once per schedule, from a file-scope initialiser of its file in schedules/. Returns true.
+bool register_schedule(ScheduleInfo info);
+
+}  // namespace kvouter::pipeline
