@@ -82,6 +82,8 @@ with tempfile.TemporaryDirectory() as tmp:
                and not os.path.exists(os.path.join(out_twin, "out.npy")),
                f"a GPU twin's wrong result is an error, exit 2, nothing written: {r.stderr.strip()[-300:]}")
     else:
+        expect(os.environ.get("KVOUTER_REQUIRE_VULKAN") != "1",
+               "KVOUTER_REQUIRE_VULKAN=1, but no Vulkan device for the GPU twin check")
         print("skipped: the GPU twin check needs a Vulkan device (none found)")
     # compare: the AOT variant against the JIT of its configuration (the speed guard itself is the
     # bench_aot_vs_jit ctests); here its contract. A generous ratio keeps this a functional check.

@@ -18,6 +18,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"
+#include "vulkan_required.h"
 
 namespace kvouter {
 namespace {
@@ -38,7 +39,9 @@ std::string missing_device(const std::string& target) {
   do {                                                                  \
     halide::register_generated_aot_kernels();                           \
     const std::string why_missing = missing_device(target);             \
-    if (!why_missing.empty()) GTEST_SKIP() << why_missing;              \
+    if (why_missing.empty()) break;                                     \
+    if (is_vulkan_target(target)) KVOUTER_NO_VULKAN(why_missing);       \
+    GTEST_SKIP() << why_missing;                                        \
   } while (0)
 
 // An engine with a host mirror of its pool (for the oracle) and the same pages on the device.

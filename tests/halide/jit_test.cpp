@@ -11,12 +11,13 @@
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/errors.h"
-#include "kvouter/vulkan_probe.h"
-#include "scratch_reuse.h"
-#include "storage_check.h"
 #include "kvouter/jit.h"
+#include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedule_registry.h"
+#include "scratch_reuse.h"
+#include "storage_check.h"
+#include "vulkan_required.h"
 
 namespace kvouter {
 namespace {
@@ -153,7 +154,7 @@ TEST(Jit, ErrorsNameScheduleAndKnobs) {
   EXPECT_THROW(jit("cpu_tiled", {}, "not-a-target"), BackendError);
   // A knob value that Halide rejects at compile time: the error names schedule and knobs. A
   // Vulkan workgroup past 1024 threads is one (vulkan_onepass refuses it when it schedules).
-  if (vulkan_devices().empty()) GTEST_SKIP() << "no Vulkan device for the compile-time check";
+  if (vulkan_devices().empty()) KVOUTER_NO_VULKAN("no Vulkan device for the compile-time check");
   auto backend = jit("vulkan_onepass", {{"rows", "32"}, {"unroll", "1"}, {"chunk", "4096"}}, "host-vulkan");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
   const Plan plan = make_plan(in, backend->plan_options());

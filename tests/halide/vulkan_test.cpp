@@ -29,6 +29,7 @@
 #include "schedule_registry.h"
 #include "storage_check.h"
 #include "tuner.h"
+#include "vulkan_required.h"
 
 namespace kvouter {
 namespace {
@@ -36,31 +37,30 @@ namespace {
 #define REQUIRE_VULKAN()                                                                   \
   do {                                                                                     \
     std::string why;                                                                       \
-    if (vulkan_devices(&why).empty()) GTEST_SKIP() << "no Vulkan device: " << why;         \
+    if (vulkan_devices(&why).empty()) KVOUTER_NO_VULKAN("no Vulkan device: " << why);     \
   } while (0)
 
 // ctest fails a gpu test whose output holds "Validation Error". That check means something only
-// if the layers HL_VK_LAYERS names are really there: every test of this binary fails when one is
-// missing, rather than passing unchecked.
-class RequestedLayersPresent : public ::testing::Environment {
- public:
-  void SetUp() override {
-    const char* requested = std::getenv("HL_VK_LAYERS");
-    if (!requested || !*requested || vulkan_devices().empty()) return;
-    const auto available = vulkan_instance_layers();
-    std::string list = requested;
-    for (size_t start = 0; start <= list.size();) {
-      const size_t end = std::min(list.find(':', start), list.size());
-      const std::string layer = list.substr(start, end - start);
-      if (!layer.empty() && std::find(available.begin(), available.end(), layer) == available.end()) {
-        FAIL() << "HL_VK_LAYERS names " << layer << ", which the Vulkan loader cannot load: the "
-               << "\"Validation Error\" check would pass without validating anything";
-      }
-      start = end + 1;
-    }
+// if the layers HL_VK_LAYERS names are really there: this test fails (a failure, which ctest does
+// not read as a skip) when one is missing, and, where Vulkan is required, when none is named.
+TEST(Vulkan, RequestedLayersArePresent) {
+  REQUIRE_VULKAN();
+  const char* requested = std::getenv("HL_VK_LAYERS");
+  if (!requested || !*requested) {
+    if (testing_vulkan::required()) FAIL() << "KVOUTER_REQUIRE_VULKAN=1 without HL_VK_LAYERS: nothing would validate";
+    GTEST_SKIP() << "HL_VK_LAYERS names no layer (ctest sets it)";
   }
-};
-const auto* const kLayersPresent = ::testing::AddGlobalTestEnvironment(new RequestedLayersPresent);
+  const auto available = vulkan_instance_layers();
+  std::string list = requested;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(':', start), list.size());
+    const std::string layer = list.substr(start, end - start);
+    EXPECT_TRUE(layer.empty() || std::find(available.begin(), available.end(), layer) != available.end())
+        << "HL_VK_LAYERS names " << layer << ", which the Vulkan loader cannot load: the "
+        << "\"Validation Error\" check would pass without validating anything";
+    start = end + 1;
+  }
+}
 
 // The positive control of that check: with the layers HL_VK_LAYERS names enabled, an invalid call
 // (a buffer of size 0, VUID-VkBufferCreateInfo-size-00912) is reported as a "Validation Error".
@@ -69,6 +69,7 @@ TEST(Vulkan, TheValidationLayerReportsAnInvalidCall) {
   REQUIRE_VULKAN();
   const char* requested = std::getenv("HL_VK_LAYERS");
   if (!requested || std::string(requested).find("VK_LAYER_KHRONOS_validation") == std::string::npos) {
+    if (testing_vulkan::required()) FAIL() << "KVOUTER_REQUIRE_VULKAN=1, but HL_VK_LAYERS does not name VK_LAYER_KHRONOS_validation";
     GTEST_SKIP() << "HL_VK_LAYERS does not name VK_LAYER_KHRONOS_validation (ctest sets it)";
   }
   void* lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
