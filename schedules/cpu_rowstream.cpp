@@ -2,11 +2,10 @@
 // and chunk, then the tile's rows stream through it in blocks of `rows`: each row block computes
 // its scores, softmax weights and P.V back to back, so the score matrix of the whole tile is
 // never materialised (flash-attention's row streaming, inside a KV-outer tile).
-// Measured: experiments/results/cpu_bench.json (run 1eb99d3) on a 2-core Xeon
-// (AVX-512, one 512-bit FMA port; peak measured in the run 112 GFLOP/s FP32, 23.5 GB/s), target
-// x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-avxvnni-f16c-fma-sse41
-// prefill AOT 271 ms = 46.7 GFLOP/s = 42 % of peak, 1.9x direct; decode 55 ms JIT. Slower than
-// cpu_tiled: the P.V register tile is only `rows` rows high, so V is reloaded per row block.
+// Measured 2026-12-01 (experiments/results/cpu_bench.json, run 543f69f; experiments/results/
+// README.md), 2-core AMD EPYC Zen 4: SPEC prefill JIT 288 ms = 1.5x direct, decode JIT 50 ms =
+// 1.05x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
+// reloaded per row block.
 #include "schedules.h"
 
 namespace kvouter::pipeline {

@@ -1,10 +1,9 @@
 // cpu_simple: the plain schedule. Parallel over tiles; inside a tile, the online state runs over
 // the chunks and each per-chunk stage is vectorised over its innermost dimension (positions for
-// scores, D for P.V). Measured: experiments/results/cpu_bench.json (run 1eb99d3) on a 2-core Xeon
-// (AVX-512, one 512-bit FMA port; peak measured in the run 112 GFLOP/s FP32, 23.5 GB/s), target
-// x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-avxvnni-f16c-fma-sse41
-// prefill 816 ms JIT = 15.5 GFLOP/s = 14 % of peak, 0.63x direct; decode 90 ms. The baseline the
-// other schedules improve on: nothing is register-blocked and K is read with positions strided.
+// scores, D for P.V). Measured 2026-12-01 (experiments/results/cpu_bench.json, run 543f69f;
+// experiments/results/README.md), 2-core AMD EPYC Zen 4: SPEC prefill JIT 587 ms = 0.75x direct,
+// decode JIT 65 ms = 0.81x direct. The baseline the other schedules improve on: nothing is
+// register-blocked and K is read with positions strided.
 #include "schedules.h"
 
 namespace kvouter::pipeline {

@@ -5,20 +5,18 @@
 // sum and the softmax weights live in shared memory, each reduction accumulated in its thread's
 // registers; each thread then folds its (d, row) entries of P.V into the online-softmax state
 // (o, m, l), which stays in shared memory across the chunk loop (a register state there is sized
-// to the whole tile by Halide 21, README limit 4). Masking uses the finite kMaskedScore; the
+// to the whole tile by Halide 21, docs/vulkan.md limit 4). Masking uses the finite kMaskedScore; the
 // combine and the host turn all-masked rows into SPEC's -inf.
 // Knobs: chunk (positions per chunk), rows (rows per workgroup, at most 32). Shared memory per
 // workgroup is about 4 x (4 rows D + 2 chunk D) bytes: 24 KiB at D 128, chunk 8, rows 8 (the JIT
 // default; lavapipe allows 32 KiB), 40 KiB at chunk 8, rows 16 (the GPU shapes' AOT default; the
 // H200 allows 48 KiB).
-// Measured (H200, AOT host-vulkan, warm clocks, kernel medians, docs/vulkan.md; chunk 8,
-// rows 16): gpu-decode 6.99 ms = 3.2 % of HBM bandwidth (target 60 %: not met); gpu-prefill
-// 1445 ms = 2.1 % of FP32 peak (target 20 %, <= 155 ms: not met). vulkan_tiled is faster on
-// prefill (936 ms) and the default; vulkan_onepass is faster on CUDA. The same schedule on the
-// CUDA target: 23.5 / 5982 ms. Every
-// chunk is about ten barrier-separated phases, three waiting on dependent global gathers; a
-// 5-phase variant (statistics per state thread) measured 5.5x slower on decode. On lavapipe
-// (CI) it is for correctness only.
+// Measured 2026-11-30 (H200, AOT, warm clocks, kernel medians, before the SPIR-V stage;
+// experiments/results/gpu/gpu_bench_decode_warm.json and gpu_bench_prefill_warm.json; chunk 8,
+// rows 16): host-vulkan gpu-decode 6.99 ms = 3.2 % of HBM bandwidth, gpu-prefill 1445 ms = 2.1 %
+// of FP32 peak (targets not met); host-cuda 23.5 / 5982 ms. The slowest GPU schedule: every chunk
+// is about ten barrier-separated phases, three of them waiting on dependent global gathers. On
+// lavapipe (CI) it is for correctness only.
 #include <algorithm>
 
 #include "schedules.h"

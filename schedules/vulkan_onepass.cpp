@@ -12,9 +12,9 @@
 // and the packed [o | m | l] is written from there. Compared with vulkan_tiled (the same
 // stages, each a kernel with its result in device memory, K first transposed into a copy of
 // every tile's block) this removes six of the seven kernels, the 537 MB K copy of the GPU shapes
-// and every per-call intermediate the Halide 21 Vulkan runtime allocates and clears (README
-// limit 10). Compared with vulkan_fused there is no chunk loop, so no online state across it
-// (README limit 4). The cost: scores and weights of the whole block live in shared memory.
+// and every per-call intermediate the Halide 21 Vulkan runtime allocates and clears
+// (docs/vulkan.md limit 10). Compared with vulkan_fused there is no chunk loop, so no online state across it
+// (docs/vulkan.md limit 4). The cost: scores and weights of the whole block live in shared memory.
 // The block must be one chunk (the registry passes chunk 4096).
 // Knobs: rows (rows per workgroup), unroll (register tile edge), vec (the tile's vector width),
 // slice (K channels staged per step).
@@ -180,7 +180,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
         .split(f.p, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
         .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uri);
     unroll_or_vectorize(f.s.update(), uxi, RX, V);
-    // Four channels per iteration (README limit 9: without it the Vulkan kernel waits on each
+    // Four channels per iteration (docs/vulkan.md limit 9: without it the Vulkan kernel waits on each
     // step's loads).
     register_accumulator(part, LoopLevel(f.s, uxo), f.p, f.row, rdi, DK, 4);
     vectorize_accumulator(part, f.p, RX, V);

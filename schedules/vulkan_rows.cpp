@@ -3,9 +3,9 @@
 // vulkan_tiled gives each GEMM stage one workgroup per tile: T-fold more, smaller workgroups,
 // each reading the tile's K/V itself (through the caches). On decode plans (T = 1) the two
 // coincide. Same knobs as vulkan_tiled.
-// Measured (H200, AOT host-vulkan, docs/vulkan.md): gpu-decode 34.0 ms = 0.7 % of HBM bandwidth
-// (target 60 %: not met; same as vulkan_tiled, T = 1); gpu-prefill not measured (it did not
-// finish inside the run's time limit).
+// Measured 2026-11-30 (H200, AOT host-vulkan, warm clocks, kernel medians of 5, before the SPIR-V
+// stage; experiments/results/gpu/gpu_bench_decode_warm.json): gpu-decode 7.40 ms, as
+// vulkan_tiled (7.34 ms there: at T = 1 the two are one program); gpu-prefill not measured.
 #include <algorithm>
 
 #include "schedules.h"

@@ -11,7 +11,7 @@
 // batches keep each within one storage buffer). Why not one fused kernel with the K/V chunk in
 // shared memory: Halide 21 sizes a per-thread register state that lives across a chunk loop
 // lifted out of the thread loops to the whole tile (50 KB per thread at D 128), which the NVIDIA
-// driver rejects ("failed to validate local memory") - measured on the H200, see README.
+// driver rejects ("failed to validate local memory"; H200, docs/vulkan.md limit 4).
 // Knobs: rows (register rows per thread), unroll (register columns per thread); chunk must
 // cover the block (the registry passes 4096; a chunk smaller than the block is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
@@ -163,7 +163,7 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
   gemm_stage(sw, f.s, f.p, f.row, f.c, f.tile, f.static_C, group_rows, RX, RY, f.rd.x);
   // Device-resident intermediates (K, scores, weights, statistics, P.V) are stored densely with
   // the tile outermost: the runtime pads the tile count to a multiple of 16, so every buffer's
-  // byte size is a multiple of 64 (Halide 21's Vulkan allocator, README). align_storage would
+  // byte size is a multiple of 64 (Halide 21's Vulkan allocator, docs/vulkan.md limits 1 and 2). align_storage would
   // break that: Halide sizes a buffer to its last element, so a padded stride leaves an
   // odd-sized tail (measured: 8160-byte buffers).
   //

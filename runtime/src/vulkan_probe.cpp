@@ -103,8 +103,8 @@ void require_vulkan_device() {
     // Halide 21's Vulkan allocator rounds the region of a kernel's scalar-argument uniform buffer
     // down to 64 bytes: a kernel with 84 bytes of scalar arguments (the forward's, with its int32
     // tile arrays' strides last) then read zeros for them on lavapipe (robust buffer access), and
-    // every edge looked empty. Rounding every region up to 64 bytes fixes it (measured, see
-    // README). The device buffers are padded to 64 bytes as well (halide_kernels.cpp). A caller's
+    // every edge looked empty. Rounding every region up to 64 bytes fixes it (measured, docs/vulkan.md
+    // limit 1). The device buffers are padded to 64 bytes as well (halide_kernels.cpp). A caller's
     // own setting wins. Set here, once, before Halide's Vulkan runtime first reads it.
     setenv("HL_VK_ALLOC_CONFIG", kHalideVulkanAllocConfig, 0);
   });

@@ -25,7 +25,7 @@ struct Kernels {
   CombineFn combine;
   std::string description;  // variant name, for errors
   // The device the kernels run on (Vulkan), or nullptr for host kernels. Device buffers are
-  // padded to a multiple of 64 bytes (Halide 21's Vulkan allocator, see README).
+  // padded to a multiple of 64 bytes (Halide 21's Vulkan allocator, docs/vulkan.md limits 1 and 2).
   const halide_device_interface_t* device = nullptr;
 };
 
