@@ -1,6 +1,7 @@
 // Google Benchmark over SPEC §5's CPU shapes, every registered backend and schedule, in one run;
 // and the plan of one step (plan/<shape>, plan_checked_tables/<shape>: KVOUTER_BENCH_PLAN_SHAPES,
-// by default decode and gpu-decode), on the calling thread.
+// by default decode and gpu-decode), on the calling thread; plan_heads_at_once/<shape> is
+// plan_checked_tables with the KV heads on Halide's thread pool (as the device step plans).
 // Each (backend, shape) is checked against the Eigen float64 oracle before it is timed (a wrong
 // result aborts the benchmark with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
@@ -104,9 +105,11 @@ const Inputs& plan_inputs(const std::string& name) {
 
 // One step's plan on one core, by a Planner reused across steps (as an engine runs it): with every
 // input validated, and with the block tables trusted (checked where they were written).
-void run_plan(benchmark::State& state, std::string shape, bool checked_tables) {
+void run_plan(benchmark::State& state, std::string shape, bool checked_tables, bool parallel_heads) {
   const Inputs& in = plan_inputs(shape);
-  Planner planner;
+  PlanOptions opt;
+  opt.parallel_heads = parallel_heads;
+  Planner planner(opt);
   planner.plan(in);  // the arrays grow once
   for (auto _ : state) {
     const Plan& plan = checked_tables ? planner.plan_checked_tables(in) : planner.plan(in);
@@ -240,8 +243,9 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
   const std::vector<std::string> plan_shapes = env_list("KVOUTER_BENCH_PLAN_SHAPES", {"decode", "gpu-decode"});
   for (const auto& shape : plan_shapes) {
-    for (bool checked : {false, true}) {
-      benchmark::RegisterBenchmark(((checked ? "plan_checked_tables/" : "plan/") + shape).c_str(), run_plan, shape, checked)
+    for (int mode : {0, 1, 2}) {
+      const char* name = mode == 0 ? "plan/" : mode == 1 ? "plan_checked_tables/" : "plan_heads_at_once/";
+      benchmark::RegisterBenchmark((name + shape).c_str(), run_plan, shape, mode > 0, mode == 2)
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2)
           ->Repetitions(5)

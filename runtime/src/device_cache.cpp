@@ -486,6 +486,8 @@ DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& sche
   // below 2^31 bytes on both targets.)
   o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
   if (is_vulkan_target(cache.target())) o.max_batch_partial_floats = std::min(o.max_batch_partial_floats, vulkan_max_buffer_floats());
+  // The KV heads planned at once: the step's host work is on the device's critical path.
+  o.parallel_heads = true;
   planner_ = Planner(o);
   bool any = false;
   for (const auto& v : aot_variants()) any |= v.schedule == schedule && v.target == cache.target();

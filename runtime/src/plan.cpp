@@ -1,9 +1,13 @@
 #include "kvouter/plan.h"
 
+#include <HalideRuntime.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "kvouter/errors.h"
@@ -39,72 +43,27 @@ KvIndex build_kvouter_index(const InputsView& in, const Problem& p) {
   return ix;
 }
 
-void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out) {
-  KvIndex& ix = *out;
-  ix.attended_pairs = 0;
-  ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
-  ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
-  if (p.Tq == 0) {
-    // No query, no edge. The scratch below is sized by msb, which an empty block_tables
-    // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
-    ix.unit_head.clear();
-    ix.unit_batch.clear();
-    ix.unit_block.clear();
-    ix.unit_edge_begin.assign(1, 0);
-    ix.edge_query.clear();
-    ix.edge_rank.clear();
-    ix.edge_limit.clear();
-    ix.unit_pages.clear();
-    return;
-  }
-  const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
-  if (ws.seen.size() < msb || ws.pages.size() < msb * ppb) {  // grows once; stamps below any generation
-    ws.seen.assign(msb, -1);
-    ws.touched_bits.assign((msb + 63) / 64, 0);
-    ws.pages_stamp.assign(msb, -1);
-    ws.pages.assign(msb * ppb, layout::kNoPage);
-    ws.avail.assign(msb, 0);
-    ws.count.assign(msb, 0);
-  }
+namespace {
+
+// One KV head's units and edges, written into the index's arrays from unit slot `unit0` and edge
+// slot `edge0` on (every head has slots for its bounds, so heads can be planned at once).
+using HeadResult = PlanWorkspace::HeadResult;
+
+void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace::HeadScratch& hs, KvIndex& ix,
+                int64_t unit0, int64_t edge0, HeadResult* result) {
+  const size_t ppb = static_cast<size_t>(p.ppb);
   const int64_t ps = p.page_size, bs = p.block_size, Hkv = p.Hkv, topk = p.topk, max_pages = p.max_pages;
   const int64_t ippb = p.ppb, num_pages = p.num_pages;
-  // The arrays are sized once per step to bounds (an edge per (query, head, rank); a unit per
-  // block a sequence's queries can reach), written through pointers, and cut to the counts at the
-  // end: sizes that repeat from step to step touch no allocator and fill nothing.
-  int64_t max_edges = 0, max_units = 0, max_group_edges = 0;
-  for (int64_t b = 0; b < p.B; ++b) {
-    const int64_t n = p.qo_len(b) * topk;
-    const int64_t blocks = (p.kv_len[static_cast<size_t>(b)] + bs - 1) / bs;
-    max_edges += n;
-    max_units += std::min(n, blocks);
-    max_group_edges = std::max(max_group_edges, n);
-  }
-  max_edges *= Hkv;
-  max_units *= Hkv;
-  if (max_edges >= std::numeric_limits<int32_t>::max()) {
-    throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(max_edges));
-  }
-  ix.unit_head.resize(static_cast<size_t>(max_units));
-  ix.unit_batch.resize(static_cast<size_t>(max_units));
-  ix.unit_block.resize(static_cast<size_t>(max_units));
-  ix.unit_edge_begin.resize(static_cast<size_t>(max_units + 1));
-  ix.unit_pages.resize(static_cast<size_t>(max_units) * ppb);
-  ix.edge_query.resize(static_cast<size_t>(max_edges));
-  ix.edge_rank.resize(static_cast<size_t>(max_edges));
-  ix.edge_limit.resize(static_cast<size_t>(max_edges));
-  if (ws.edges.size() < static_cast<size_t>(max_group_edges)) ws.edges.resize(static_cast<size_t>(max_group_edges));
-  if (ws.touched.size() < static_cast<size_t>(max_group_edges)) ws.touched.resize(static_cast<size_t>(max_group_edges));
-
   const int32_t* const sel = in.selected.data;
   const int32_t* const tables = in.block_tables.data;
-  int64_t* const seen = ws.seen.data();
-  int64_t* const pages_stamp = ws.pages_stamp.data();
-  int32_t* const block_pages = ws.pages.data();
-  int32_t* const block_avail = ws.avail.data();
-  int32_t* const count = ws.count.data();
-  uint64_t* const touched_bits = ws.touched_bits.data();
-  int32_t* const touched = ws.touched.data();
-  PlanWorkspace::Edge* const edges = ws.edges.data();
+  int64_t* const seen = hs.seen.data();
+  int64_t* const pages_stamp = hs.pages_stamp.data();
+  int32_t* const block_pages = hs.pages.data();
+  int32_t* const block_avail = hs.avail.data();
+  int32_t* const count = hs.count.data();
+  uint64_t* const touched_bits = hs.touched_bits.data();
+  int32_t* const touched = hs.touched.data();
+  PlanWorkspace::Edge* const edges = hs.edges.data();
   int32_t* const unit_head = ix.unit_head.data();
   int32_t* const unit_batch = ix.unit_batch.data();
   int32_t* const unit_block = ix.unit_block.data();
@@ -114,10 +73,8 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   int32_t* const edge_rank = ix.edge_rank.data();
   int32_t* const edge_limit = ix.edge_limit.data();
   int32_t* const inverse = ix.inverse.data();
-  ix.unit_edge_begin[0] = 0;
-  int64_t units = 0, base = 0;  // units and edges emitted so far
+  int64_t units = unit0, base = edge0;  // the next unit and edge slots
   int64_t attended = 0;
-  for (int64_t h = 0; h < Hkv; ++h) {
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t L = p.kv_len[static_cast<size_t>(b)];
       const int64_t t_begin = p.cu[static_cast<size_t>(b)], t_end = p.cu[static_cast<size_t>(b) + 1];
@@ -198,11 +155,11 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
         }
         continue;
       }
-      const int64_t hb = ++ws.generation;  // stamps this (head, sequence)'s reads of its table
+      const int64_t hb = ++hs.generation;  // stamps this (head, sequence)'s reads of its table
       int64_t n = 0;
       int64_t lo = p.msb, hi = -1;  // the range of blocks touched
       for (int64_t t = t_begin; t < t_end; ++t) {
-        const int64_t stamp = ++ws.generation;  // this (query, head): a repeated id counts once
+        const int64_t stamp = ++hs.generation;  // this (query, head): a repeated id counts once
         const int64_t last = p.last_position(b, t - t_begin);
         const int32_t* const row = sel + (t * Hkv + h) * topk;
         for (int64_t r = 0; r < topk; ++r) {
@@ -264,6 +221,137 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
       units += nu;
       base += n;
     }
+  result->units = units - unit0;
+  result->edges = base - edge0;
+  result->attended = attended;
+}
+
+struct HeadsTask {
+  const InputsView* in;
+  const Problem* p;
+  PlanWorkspace* ws;
+  KvIndex* ix;
+  int64_t units_per_head, edges_per_head;
+  HeadResult* results;
+};
+
+int head_task(void*, int h, uint8_t* closure) {
+  const HeadsTask& c = *reinterpret_cast<const HeadsTask*>(closure);
+  try {
+    build_head(*c.in, *c.p, h, c.ws->heads[static_cast<size_t>(h)], *c.ix, h * c.units_per_head, h * c.edges_per_head,
+               &c.results[h]);
+  } catch (...) {
+    c.results[h].error = std::current_exception();  // rethrown by the caller, in head order
+  }
+  return 0;
+}
+
+// Moves `n` elements of a per-slot array from slot `from` to slot `to` (to <= from).
+template <class T>
+void move_slots(std::vector<T>& v, int64_t from, int64_t to, int64_t n, int64_t width = 1) {
+  if (from != to && n > 0) {
+    std::memmove(v.data() + to * width, v.data() + from * width, static_cast<size_t>(n * width) * sizeof(T));
+  }
+}
+
+}  // namespace
+
+void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out, bool parallel) {
+  KvIndex& ix = *out;
+  ix.attended_pairs = 0;
+  ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
+  ix.head_unit_begin.assign(static_cast<size_t>(p.Hkv + 1), 0);
+  if (p.Tq == 0) {
+    // No query, no edge. The scratch below is sized by msb, which an empty block_tables
+    // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
+    ix.unit_head.clear();
+    ix.unit_batch.clear();
+    ix.unit_block.clear();
+    ix.unit_edge_begin.assign(1, 0);
+    ix.edge_query.clear();
+    ix.edge_rank.clear();
+    ix.edge_limit.clear();
+    ix.unit_pages.clear();
+    return;
+  }
+  const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
+  const int64_t bs = p.block_size, Hkv = p.Hkv, topk = p.topk;
+  // The arrays are sized once per step to bounds (per head, an edge per (query, rank) and a unit
+  // per block a sequence's queries can reach), each head writing from its own slots, then moved
+  // together and cut to the counts: sizes that repeat from step to step touch no allocator and
+  // fill nothing, and where every bound is met (decode without repeats) nothing moves.
+  int64_t head_edges = 0, head_units = 0, max_group_edges = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t n = p.qo_len(b) * topk;
+    const int64_t blocks = (p.kv_len[static_cast<size_t>(b)] + bs - 1) / bs;
+    head_edges += n;
+    head_units += std::min(n, blocks);
+    max_group_edges = std::max(max_group_edges, n);
+  }
+  if (head_edges * Hkv >= std::numeric_limits<int32_t>::max()) {
+    throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(head_edges * Hkv));
+  }
+  const int64_t max_units = head_units * Hkv, max_edges = head_edges * Hkv;
+  ix.unit_head.resize(static_cast<size_t>(max_units));
+  ix.unit_batch.resize(static_cast<size_t>(max_units));
+  ix.unit_block.resize(static_cast<size_t>(max_units));
+  ix.unit_edge_begin.resize(static_cast<size_t>(max_units + 1));
+  ix.unit_pages.resize(static_cast<size_t>(max_units) * ppb);
+  ix.edge_query.resize(static_cast<size_t>(max_edges));
+  ix.edge_rank.resize(static_cast<size_t>(max_edges));
+  ix.edge_limit.resize(static_cast<size_t>(max_edges));
+  ix.unit_edge_begin[0] = 0;
+  // Scratch: one set per head planned at once (stamps never cleared: they grow once).
+  const size_t sets = parallel ? static_cast<size_t>(Hkv) : 1;
+  if (ws.heads.size() < sets) ws.heads.resize(sets);
+  for (size_t i = 0; i < sets; ++i) {
+    PlanWorkspace::HeadScratch& hs = ws.heads[i];
+    if (hs.seen.size() < msb || hs.pages.size() < msb * ppb) {  // stamps below any generation
+      hs.seen.assign(msb, -1);
+      hs.touched_bits.assign((msb + 63) / 64, 0);
+      hs.pages_stamp.assign(msb, -1);
+      hs.pages.assign(msb * ppb, layout::kNoPage);
+      hs.avail.assign(msb, 0);
+      hs.count.assign(msb, 0);
+    }
+    if (hs.edges.size() < static_cast<size_t>(max_group_edges)) hs.edges.resize(static_cast<size_t>(max_group_edges));
+    if (hs.touched.size() < static_cast<size_t>(max_group_edges)) hs.touched.resize(static_cast<size_t>(max_group_edges));
+  }
+  ws.results.assign(static_cast<size_t>(Hkv), {});
+  HeadResult* const results = ws.results.data();
+  if (parallel && Hkv > 1) {
+    HeadsTask task{&in, &p, &ws, &ix, head_units, head_edges, results};
+    const int err = halide_do_par_for(nullptr, head_task, 0, static_cast<int>(Hkv), reinterpret_cast<uint8_t*>(&task));
+    for (int64_t h = 0; h < Hkv; ++h) {
+      if (results[h].error) std::rethrow_exception(results[h].error);
+    }
+    if (err != 0) throw std::runtime_error("plan: Halide's thread pool failed with " + std::to_string(err));
+  } else {
+    for (int64_t h = 0; h < Hkv; ++h) build_head(in, p, h, ws.heads[0], ix, h * head_units, h * head_edges, &results[h]);
+  }
+  // The heads' slots, moved together: units, edges, and the edge ids that point at moved edges.
+  int64_t units = 0, edges = 0, attended = 0;
+  for (int64_t h = 0; h < Hkv; ++h) {
+    const HeadResult& r = results[h];
+    const int64_t u0 = h * head_units, e0 = h * head_edges, shift = edges - e0;
+    move_slots(ix.unit_head, u0, units, r.units);
+    move_slots(ix.unit_batch, u0, units, r.units);
+    move_slots(ix.unit_block, u0, units, r.units);
+    move_slots(ix.unit_pages, u0, units, r.units, p.ppb);
+    move_slots(ix.unit_edge_begin, u0 + 1, units + 1, r.units);
+    move_slots(ix.edge_query, e0, edges, r.edges);
+    move_slots(ix.edge_rank, e0, edges, r.edges);
+    move_slots(ix.edge_limit, e0, edges, r.edges);
+    if (shift != 0) {
+      for (int64_t u = units + 1; u <= units + r.units; ++u) ix.unit_edge_begin[static_cast<size_t>(u)] += shift;
+      for (int64_t t = 0; t < p.Tq; ++t) {
+        int32_t* const row = ix.inverse.data() + (t * Hkv + h) * topk;
+        for (int64_t k = 0; k < topk; ++k) row[k] = row[k] < 0 ? row[k] : static_cast<int32_t>(row[k] + shift);
+      }
+    }
+    units += r.units;
+    edges += r.edges;
+    attended += r.attended;
     ix.head_unit_begin[static_cast<size_t>(h) + 1] = units;
   }
   ix.unit_head.resize(static_cast<size_t>(units));
@@ -271,9 +359,9 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   ix.unit_block.resize(static_cast<size_t>(units));
   ix.unit_edge_begin.resize(static_cast<size_t>(units + 1));
   ix.unit_pages.resize(static_cast<size_t>(units) * ppb);
-  ix.edge_query.resize(static_cast<size_t>(base));
-  ix.edge_rank.resize(static_cast<size_t>(base));
-  ix.edge_limit.resize(static_cast<size_t>(base));
+  ix.edge_query.resize(static_cast<size_t>(edges));
+  ix.edge_rank.resize(static_cast<size_t>(edges));
+  ix.edge_limit.resize(static_cast<size_t>(edges));
   ix.attended_pairs = attended;
 }
 
@@ -421,7 +509,7 @@ const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
   const Problem& p = plan.problem;
-  build_kvouter_index(in, p, ws_, &plan.index);
+  build_kvouter_index(in, p, ws_, &plan.index, opt_.parallel_heads);
   const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
   build_tiles(p, plan.index, T, 0, ws_, &plan.tiles);
   if (opt_.max_batch_partial_floats > 0) {

@@ -362,17 +362,65 @@ TEST(Planner, AStepOfTheSameSizeAllocatesNothing) {
   s.D = 1;  // the plan never reads K/V: decode's geometry with one channel
   s.kv = std::vector<int64_t>(s.kv.size(), 4096);
   Inputs in = experiments::make_case(s);
-  Planner planner;
-  planner.plan_checked_tables(in);
-  planner.plan(in);
-  for (bool checked : {false, true}) {
-    // A new selection of the same size (every id moved to another block): same array sizes.
-    for (auto& id : in.selected.data) id = id > 0 ? id - 1 : id;
-    const int64_t before = testing_alloc::count.load();
-    const Plan& plan = checked ? planner.plan_checked_tables(in) : planner.plan(in);
-    EXPECT_EQ(testing_alloc::count.load() - before, 0) << (checked ? "plan_checked_tables" : "plan");
-    EXPECT_GT(plan.index.num_edges(), 0);
+  for (bool parallel : {false, true}) {
+    PlanOptions opt;
+    opt.parallel_heads = parallel;
+    Planner planner(opt);
+    planner.plan_checked_tables(in);
+    planner.plan(in);
+    for (bool checked : {false, true}) {
+      // A new selection of the same size (every id moved to another block): same array sizes.
+      for (auto& id : in.selected.data) id = id > 0 ? id - 1 : id;
+      const int64_t before = testing_alloc::count.load();
+      const Plan& plan = checked ? planner.plan_checked_tables(in) : planner.plan(in);
+      EXPECT_EQ(testing_alloc::count.load() - before, 0)
+          << (checked ? "plan_checked_tables" : "plan") << (parallel ? ", heads at once" : "");
+      EXPECT_GT(plan.index.num_edges(), 0);
+    }
   }
+}
+
+TEST(Planner, HeadsPlannedAtOnceGiveTheSamePlan) {
+  // The KV heads on Halide's thread pool, each into its own slots, then moved together: the plan
+  // of one thread, on every kind (repeats, padding, unallocated pages: heads whose bounds are not
+  // met, so later heads move), and a bad table entry reported as one thread reports it.
+  PlanOptions opt;
+  opt.parallel_heads = true;
+  Planner parallel(opt);
+  for (const auto& [name, spec] : varied_kinds()) {
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    expect_same_plan(parallel.plan(in), make_plan(in));
+    expect_same_plan(parallel.plan_checked_tables(in), make_plan(in));
+  }
+  experiments::CaseSpec s = experiments::named_shape("tiny");
+  s.Hkv = 4;
+  s.Hq = 8;
+  Inputs in = experiments::make_case(s);
+  expect_same_plan(parallel.plan(in), make_plan(in));
+  // Heads 1 and 3 of query 0 each reach a bad page id of sequence 0 (two different entries); one
+  // thread meets head 1's first, and so must the heads planned at once.
+  const int64_t topk = in.selected.shape[2], ppb = s.block_size / s.page_size;
+  const int32_t id1 = in.selected.data[static_cast<size_t>(1 * topk)];
+  ASSERT_GE(id1, 0);
+  const int32_t id3 = id1 == 0 ? 1 : 0;
+  in.selected.data[static_cast<size_t>(3 * topk)] = id3;
+  in.block_tables.data[static_cast<size_t>(id1 * ppb)] = 1 << 30;
+  in.block_tables.data[static_cast<size_t>(id3 * ppb)] = 1 << 29;
+  std::string want, got;
+  try {
+    Planner one;
+    one.plan_checked_tables(in);
+  } catch (const InputError& e) {
+    want = e.what();
+  }
+  try {
+    parallel.plan_checked_tables(in);
+  } catch (const InputError& e) {
+    got = e.what();
+  }
+  EXPECT_NE(want.find(std::to_string(1 << 30)), std::string::npos) << want;
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

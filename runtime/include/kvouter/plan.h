@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 #include "kvouter/inputs.h"
@@ -33,27 +34,37 @@ struct KvIndex {
 
 // Scratch of the index build, reused across steps: per-block stamps, counts and offsets sized by
 // the widest block table seen (msb), never cleared (generation stamps), so that a step costs what
-// its edges cost, whatever the table width or the pool size.
+// its edges cost, whatever the table width or the pool size. One set per KV head planned at once.
 struct PlanWorkspace {
   struct Edge {
     int32_t t, r, limit, block;
   };
-  int64_t generation = 0;
-  std::vector<int64_t> seen;         // [msb] stamp of the last (query, head) that took the block
-  std::vector<int64_t> pages_stamp;  // [msb] stamp of the (head, sequence) that read the pages
-  std::vector<int32_t> pages;        // [msb, ppb] the block's physical pages (kNoPage: none)
-  std::vector<int32_t> avail;        // [msb] positions of the block before L_b on allocated pages
-  std::vector<int32_t> count;        // [msb] edges per block of the current (head, sequence); 0 after
-  std::vector<uint64_t> touched_bits;  // [ceil(msb / 64)] blocks of the current (head, sequence)
-  std::vector<int32_t> touched;        // the same, ascending
-  std::vector<Edge> edges;           // edges of the current (head, sequence), in (query, rank) order
+  struct HeadScratch {
+    int64_t generation = 0;
+    std::vector<int64_t> seen;         // [msb] stamp of the last (query, head) that took the block
+    std::vector<int64_t> pages_stamp;  // [msb] stamp of the (head, sequence) that read the pages
+    std::vector<int32_t> pages;        // [msb, ppb] the block's physical pages (kNoPage: none)
+    std::vector<int32_t> avail;        // [msb] positions of the block before L_b on allocated pages
+    std::vector<int32_t> count;        // [msb] edges per block of the current (head, sequence); 0 after
+    std::vector<uint64_t> touched_bits;  // [ceil(msb / 64)] blocks of the current (head, sequence)
+    std::vector<int32_t> touched;        // the same, ascending
+    std::vector<Edge> edges;           // edges of the current (head, sequence), in (query, rank) order
+  };
+  struct HeadResult {
+    int64_t units = 0, edges = 0, attended = 0;
+    std::exception_ptr error;  // a head planned on a worker thread: rethrown in head order
+  };
+  std::vector<HeadScratch> heads;
+  std::vector<HeadResult> results;   // [Hkv]
   std::vector<int64_t> cursor;       // [units] build_tiles' per-unit edge cursor
 };
 
 // Linear in the edges: each (head, sequence)'s edges counting-sorted by block (plus a word per 64
 // blocks of the span its selections touch).
+// parallel: the KV heads planned at once on Halide's thread pool (the same index).
 KvIndex build_kvouter_index(const InputsView& in, const Problem& p);
-void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* ix);
+void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* ix,
+                         bool parallel = false);
 
 // Tiles: each work unit split into tiles of at most T edges (layout in tile_layout.h).
 struct TileSet {
@@ -89,6 +100,9 @@ struct PlanOptions {
   // many floats in any one device buffer: partials, or the GPU schedules' per-tile scores and K
   // (GPU backends: the device's storage-buffer limit and Halide's int32 indexing).
   int64_t max_batch_partial_floats = 0;
+  // Plan the KV heads at once on Halide's thread pool (a GPU step's host has the cores to spare);
+  // false: on the calling thread alone.
+  bool parallel_heads = false;
 };
 
 int64_t auto_tile_edges(const KvIndex& index);
