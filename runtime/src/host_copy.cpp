@@ -1,11 +1,11 @@
 #include "kvouter/host_copy.h"
 
-#include <HalideRuntime.h>
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+
+#include "thread_pool.h"
 
 namespace kvouter::halide {
 
@@ -31,6 +31,8 @@ int copy_chunk(void*, int i, uint8_t* closure) {
 
 }  // namespace
 
+bool thread_pool_linked() { return halide_do_par_for != nullptr; }
+
 void host_copy(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
   if (bytes < kParallelCopyBytes) {
@@ -46,7 +48,7 @@ void host_copy(void* dst, const void* src, int64_t bytes) {
   const int64_t chunks = std::min<int64_t>(bytes / (int64_t{256} << 10), 64);
   c.chunk = ((bytes + chunks - 1) / chunks + 63) / 64 * 64;
   const int n = static_cast<int>((bytes + c.chunk - 1) / c.chunk);
-  const int err = halide_do_par_for(nullptr, copy_chunk, 0, n, reinterpret_cast<uint8_t*>(&c));
+  const int err = detail::par_for(copy_chunk, n, &c);
   if (err != 0) throw std::runtime_error("host_copy: Halide's thread pool failed with " + std::to_string(err));
 }
 

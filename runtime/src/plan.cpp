@@ -1,7 +1,5 @@
 #include "kvouter/plan.h"
 
-#include <HalideRuntime.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -12,6 +10,7 @@
 
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
+#include "thread_pool.h"
 
 namespace kvouter {
 
@@ -321,7 +320,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   HeadResult* const results = ws.results.data();
   if (parallel && Hkv > 1) {
     HeadsTask task{&in, &p, &ws, &ix, head_units, head_edges, results};
-    const int err = halide_do_par_for(nullptr, head_task, 0, static_cast<int>(Hkv), reinterpret_cast<uint8_t*>(&task));
+    const int err = detail::par_for(head_task, static_cast<int>(Hkv), &task);
     for (int64_t h = 0; h < Hkv; ++h) {
       if (results[h].error) std::rethrow_exception(results[h].error);
     }

@@ -10,6 +10,8 @@
 namespace kvouter::halide {
 namespace {
 
+TEST(HostCopy, RunsOnHalidesThreadPoolHere) { EXPECT_TRUE(thread_pool_linked()); }
+
 TEST(HostCopy, CopiesEveryByteAndNothingPast) {
   for (int64_t bytes : {int64_t{0}, int64_t{1}, int64_t{4097}, kParallelCopyBytes - 1, kParallelCopyBytes,
                         int64_t{3} * kParallelCopyBytes + 13, int64_t{(4 << 20) + 7}}) {

@@ -13,4 +13,8 @@ void host_copy(void* dst, const void* src, int64_t bytes);
 
 inline constexpr int64_t kParallelCopyBytes = int64_t{512} << 10;
 
+// Whether this program links a Halide runtime, whose thread pool the copies (and the planner's
+// heads, PlanOptions::parallel_heads) run on; without one they run on the calling thread.
+bool thread_pool_linked();
+
 }  // namespace kvouter::halide
