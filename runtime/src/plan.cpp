@@ -245,6 +245,20 @@ int head_task(void*, int h, uint8_t* closure) {
   return 0;
 }
 
+// The unit and edge arrays sized to `units` and `edges` (resize: a size seen before allocates
+// nothing); unit_edge_begin[0] = 0.
+void size_index(KvIndex& ix, int64_t units, int64_t edges, size_t ppb) {
+  ix.unit_head.resize(static_cast<size_t>(units));
+  ix.unit_batch.resize(static_cast<size_t>(units));
+  ix.unit_block.resize(static_cast<size_t>(units));
+  ix.unit_edge_begin.resize(static_cast<size_t>(units + 1));
+  ix.unit_edge_begin[0] = 0;
+  ix.unit_pages.resize(static_cast<size_t>(units) * ppb);
+  ix.edge_query.resize(static_cast<size_t>(edges));
+  ix.edge_rank.resize(static_cast<size_t>(edges));
+  ix.edge_limit.resize(static_cast<size_t>(edges));
+}
+
 // Moves `n` elements of a per-slot array from slot `from` to slot `to` (to <= from).
 template <class T>
 void move_slots(std::vector<T>& v, int64_t from, int64_t to, int64_t n, int64_t width = 1) {
@@ -263,14 +277,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   if (p.Tq == 0) {
     // No query, no edge. The scratch below is sized by msb, which an empty block_tables
     // ([0, max_pages], found by fuzz_validate_plan) can make 2^31 without holding any data.
-    ix.unit_head.clear();
-    ix.unit_batch.clear();
-    ix.unit_block.clear();
-    ix.unit_edge_begin.assign(1, 0);
-    ix.edge_query.clear();
-    ix.edge_rank.clear();
-    ix.edge_limit.clear();
-    ix.unit_pages.clear();
+    size_index(ix, 0, 0, static_cast<size_t>(p.ppb));
     return;
   }
   const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
@@ -291,15 +298,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(head_edges * Hkv));
   }
   const int64_t max_units = head_units * Hkv, max_edges = head_edges * Hkv;
-  ix.unit_head.resize(static_cast<size_t>(max_units));
-  ix.unit_batch.resize(static_cast<size_t>(max_units));
-  ix.unit_block.resize(static_cast<size_t>(max_units));
-  ix.unit_edge_begin.resize(static_cast<size_t>(max_units + 1));
-  ix.unit_pages.resize(static_cast<size_t>(max_units) * ppb);
-  ix.edge_query.resize(static_cast<size_t>(max_edges));
-  ix.edge_rank.resize(static_cast<size_t>(max_edges));
-  ix.edge_limit.resize(static_cast<size_t>(max_edges));
-  ix.unit_edge_begin[0] = 0;
+  size_index(ix, max_units, max_edges, ppb);
   // Scratch: one set per head planned at once (stamps never cleared: they grow once).
   const size_t sets = parallel ? static_cast<size_t>(Hkv) : 1;
   if (ws.heads.size() < sets) ws.heads.resize(sets);
@@ -353,14 +352,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     attended += r.attended;
     ix.head_unit_begin[static_cast<size_t>(h) + 1] = units;
   }
-  ix.unit_head.resize(static_cast<size_t>(units));
-  ix.unit_batch.resize(static_cast<size_t>(units));
-  ix.unit_block.resize(static_cast<size_t>(units));
-  ix.unit_edge_begin.resize(static_cast<size_t>(units + 1));
-  ix.unit_pages.resize(static_cast<size_t>(units) * ppb);
-  ix.edge_query.resize(static_cast<size_t>(edges));
-  ix.edge_rank.resize(static_cast<size_t>(edges));
-  ix.edge_limit.resize(static_cast<size_t>(edges));
+  size_index(ix, units, edges, ppb);
   ix.attended_pairs = attended;
 }
 
