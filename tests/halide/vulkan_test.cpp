@@ -372,7 +372,13 @@ TEST(Vulkan, GpuTwinsNeverReturnAWrongResultSilently) {
       backend->run(plan, in);
       ADD_FAILURE() << "a wrong result was returned";
     } catch (const BackendError& e) {
-      EXPECT_NE(std::string(e.what()).find("off the float64 oracle"), std::string::npos) << e.what();
+      // Refused by the oracle check (lavapipe: the kernels run and are wrong), or by the driver
+      // (the NVIDIA driver cannot build the pipeline: "failed to validate local memory"); an
+      // error either way, never a result.
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("off the float64 oracle") != std::string::npos ||
+                  what.find("Failed to create compute pipeline") != std::string::npos)
+          << what;
     }
   }
   experiments::CaseSpec big;
