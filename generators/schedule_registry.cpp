@@ -28,7 +28,10 @@ const ScheduleInfo* find_schedule(const std::string& name) {
 
 bool register_schedule(ScheduleInfo info) {
   if (find_schedule(info.name)) throw std::logic_error("schedule '" + info.name + "' registered twice");
-  if (info.one_chunk) info.default_params.emplace("chunk", std::to_string(kOneChunk));
+  if (info.one_chunk) {
+    info.default_params.emplace("chunk", std::to_string(kOneChunk));
+    if (!info.axes.rows.empty()) info.axes.chunks = {std::to_string(kOneChunk)};
+  }
   auto& list = registry();
   const auto at = std::upper_bound(list.begin(), list.end(), info,
                                    [](const ScheduleInfo& a, const ScheduleInfo& b) { return order_key(a) < order_key(b); });

@@ -32,21 +32,24 @@ struct ScheduleInfo {
   std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
   std::string summary;
   // The forward takes each block as one chunk (the GPU schedules whose shared memory or register
-  // arrays hold a whole block): chunk is then kOneChunk, the clamp to the block, by default.
+  // arrays hold a whole block): chunk is then kOneChunk, the clamp to the block, by default, the
+  // tuner's only chunk, and the schedule refuses a smaller one (vulkan_require_static).
   bool one_chunk = false;
   // Knobs this schedule runs with unless the caller sets them (--param); one_chunk adds chunk.
   std::map<std::string, std::string> default_params = {};
   // The tuner's axes: the values of chunk, rows and unroll it crosses with T (and vec: "" is the
-  // knob's default, left out of the candidate). Empty for autoscheduled twins.
+  // knob's default, left out of the candidate); one_chunk sets chunks. Empty for autoscheduled
+  // twins.
   struct Axes {
     std::vector<std::string> chunks, rows, unrolls;
     std::vector<std::string> vecs = {""};
   } axes = {};
   // Shared memory of one workgroup for these knobs at this shape, in bytes (GPU schedules that
-  // stage in shared memory; the same formula the schedule allocates by), or null.
+  // stage in shared memory; the same formula the schedule allocates by), or null. The tuner keeps
+  // only candidates within the device's.
   std::function<int64_t(const KnobValues&, const TuneShape&)> shared_bytes = nullptr;
-  // Whether a candidate of the axes is a distinct program that fits the shape and the device
-  // (knobs the schedule does not read pinned, shared memory within the device's). Null: all.
+  // Whether a candidate of the axes is a distinct program that fits the shape (knobs the schedule
+  // does not read pinned, register budgets). Null: all.
   std::function<bool(const KnobValues&, const TuneShape&)> keep = nullptr;
 };
 

@@ -25,9 +25,9 @@ bool cpu_keep(const KnobValues& k, const TuneShape& shape);
 // The GEMM-stage schedules' (vulkan_tiled, vulkan_rows) axes and rule (vulkan_tiled.cpp).
 const ScheduleInfo::Axes& vulkan_gemm_axes();
 bool vulkan_gemm_keep(const KnobValues& k, const TuneShape& shape);
-// GPU schedules need the shapes that size shared memory specialised, and with one_chunk the block
-// processed as one chunk; throws CompileError if not.
-void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk);
+// GPU schedules need the shapes that size shared memory specialised, and those whose registry
+// entry says one_chunk the block processed as one chunk; throws CompileError if not.
+void vulkan_require_static(const ForwardFuncs& f, const char* name);
 // The generic variant of every Vulkan schedule (no shape specialised: D, page, block, qhead and T
 // all from the buffers): applies the one schedule that runs any shape and returns true; returns
 // false when the shapes are specialised (vulkan_tiled.cpp).

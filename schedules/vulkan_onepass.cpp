@@ -99,7 +99,7 @@ int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice) {
 
 void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
   if (vulkan_generic_forward(f, k)) return;
-  vulkan_require_static(f, "vulkan_onepass", true);
+  vulkan_require_static(f, "vulkan_onepass");
   const int D = f.static_D, C = f.static_C;
   // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A
   // workgroup past the device's limit is the runtime's clear error; the tuner keeps within it.
@@ -249,13 +249,12 @@ int64_t onepass_shared(const KnobValues& k, const TuneShape& s) {
      true, {{"rows", "8"}},
      // vec: its per-target default against the scalar kernel (on the H200 each won somewhere:
      // docs/vulkan.md)
-     {{std::to_string(kOneChunk)}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, onepass_shared,
+     {{}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, onepass_shared,
      [](const KnobValues& k, const TuneShape& s) {
        // Rows past the tile's rows are the same program; the scalar kernel is the default one
        // where the tiles do not cover the block and D.
        if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
-       if (k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll"))) return false;
-       return k.at("chunk") == kOneChunk && s.block_size <= kOneChunk && onepass_shared(k, s) <= s.max_shared_bytes;
+       return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
      }});
 
 }  // namespace

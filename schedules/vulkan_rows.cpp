@@ -14,7 +14,7 @@ namespace kvouter::pipeline {
 
 void vulkan_rows_forward(ForwardFuncs& f, const Knobs& k, const Halide::Target&) {
   if (vulkan_generic_forward(f, k)) return;
-  vulkan_require_static(f, "vulkan_rows", true);
+  vulkan_require_static(f, "vulkan_rows");
   vulkan_gemm_forward(f, k, std::max(1, f.static_rows / std::max(1, f.static_T)));
 }
 

@@ -30,7 +30,9 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-void vulkan_require_static(const ForwardFuncs& f, const char* name, bool one_chunk) {
+void vulkan_require_static(const ForwardFuncs& f, const char* name) {
+  const ScheduleInfo* info = find_schedule(name);
+  const bool one_chunk = info && info->one_chunk;
   if (!f.static_D || !f.static_rows || !f.static_C) {
     throw CompileError(std::string(name) + ": GPU schedules need D, block_size, page_size, qhead and T "
                        "specialised (register tiles and workgroup sizes must be static), or none of them "
@@ -196,7 +198,7 @@ void vulkan_gemm_forward(ForwardFuncs& f, const Knobs& k, int group_rows) {
 
 void vulkan_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   if (vulkan_generic_forward(f, k)) return;
-  vulkan_require_static(f, "vulkan_tiled", true);
+  vulkan_require_static(f, "vulkan_tiled");
   vulkan_gemm_forward(f, k, f.static_rows);
 }
 
@@ -237,13 +239,12 @@ void vulkan_combine(CombineFuncs& f, const Knobs& k, const Target&) {
 }
 
 const ScheduleInfo::Axes& vulkan_gemm_axes() {
-  static const ScheduleInfo::Axes axes{{std::to_string(kOneChunk)}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};
+  static const ScheduleInfo::Axes axes{{}, {"1", "2", "4", "8"}, {"1", "2", "4", "8"}};  // chunk: one_chunk
   return axes;
 }
 
 bool vulkan_gemm_keep(const KnobValues& k, const TuneShape&) {
-  // The block as one chunk; a rows x unroll register tile.
-  return k.at("chunk") == kOneChunk && k.at("rows") * k.at("unroll") <= 32;
+  return k.at("rows") * k.at("unroll") <= 32;  // a rows x unroll register tile
 }
 
 namespace {

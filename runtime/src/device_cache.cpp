@@ -154,9 +154,8 @@ halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& shape) {
 halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
                                      UploadBatch* batch) {
   halide_buffer_t* v = view(shape);
-  if (batch && fast_transfers_ && vulkan_transfers(&alloc_)) {
+  if (batch && fast_transfers_) {
     batch->pending_.push_back({this, data, count});
-    batch->writes_.push_back({&alloc_, data, count * type_.bytes(), round64(static_cast<int64_t>(v->size_in_bytes()))});
   } else {
     upload_now(data, count);
   }
@@ -164,11 +163,17 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
 }
 
 void UploadBatch::flush() {
-  if (!writes_.empty() && !vulkan_write_device(writes_)) {
+  if (pending_.empty()) return;
+  writes_.clear();
+  for (const Pending& p : pending_) {
+    const DeviceArray& a = *p.array;
+    writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes()))});
+  }
+  // Not a Vulkan device (or no host-cached memory there): each array's own copy.
+  if (!vulkan_write_device(writes_)) {
     for (const Pending& p : pending_) p.array->upload_now(p.data, p.count);
   }
   pending_.clear();
-  writes_.clear();
 }
 
 void DeviceArray::upload_now(const void* data, int64_t count) {

@@ -82,18 +82,6 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
       // before L_b on its allocated pages; then the positions an edge attends up to its limit.
       auto read_block = [&](int32_t id, int32_t* pages) -> int64_t {
         const int64_t start = id * bs;
-        const int64_t lp0 = id * ippb;
-        if (start + bs <= L) {  // the block lies before L_b: every page is the table's entry
-          int64_t allocated = 0;
-          bool bad = false;
-          for (int64_t j = 0; j < ippb; ++j) {
-            const int32_t page = table[lp0 + j];
-            bad |= page >= num_pages;
-            pages[j] = page < 0 ? layout::kNoPage : page;
-            allocated += page >= 0;
-          }
-          if (!bad) return allocated * ps;
-        }
         int64_t avail = 0;
         for (int64_t j = 0; j < ippb; ++j) {
           const int64_t lp = id * ippb + j;
@@ -220,6 +208,8 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
       units += nu;
       base += n;
     }
+  result->unit0 = unit0;
+  result->edge0 = edge0;
   result->units = units - unit0;
   result->edges = base - edge0;
   result->attended = attended;
@@ -283,9 +273,10 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   const size_t msb = static_cast<size_t>(p.msb), ppb = static_cast<size_t>(p.ppb);
   const int64_t bs = p.block_size, Hkv = p.Hkv, topk = p.topk;
   // The arrays are sized once per step to bounds (per head, an edge per (query, rank) and a unit
-  // per block a sequence's queries can reach), each head writing from its own slots, then moved
-  // together and cut to the counts: sizes that repeat from step to step touch no allocator and
-  // fill nothing, and where every bound is met (decode without repeats) nothing moves.
+  // per block a sequence's queries can reach) and cut to the counts at the end: sizes that repeat
+  // from step to step touch no allocator and fill nothing. Heads planned at once write from slots
+  // of their bounds, moved together after (nothing moves where every bound is met, as in decode
+  // without repeats); in order, each head starts where the last ended.
   int64_t head_edges = 0, head_units = 0, max_group_edges = 0;
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t n = p.qo_len(b) * topk;
@@ -325,13 +316,16 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     }
     if (err != 0) throw std::runtime_error("plan: Halide's thread pool failed with " + std::to_string(err));
   } else {
-    for (int64_t h = 0; h < Hkv; ++h) build_head(in, p, h, ws.heads[0], ix, h * head_units, h * head_edges, &results[h]);
+    // One after another, each head from where the last ended: nothing moves below.
+    for (int64_t h = 0, u = 0, e = 0; h < Hkv; u += results[h].units, e += results[h].edges, ++h) {
+      build_head(in, p, h, ws.heads[0], ix, u, e, &results[h]);
+    }
   }
   // The heads' slots, moved together: units, edges, and the edge ids that point at moved edges.
   int64_t units = 0, edges = 0, attended = 0;
   for (int64_t h = 0; h < Hkv; ++h) {
     const HeadResult& r = results[h];
-    const int64_t u0 = h * head_units, e0 = h * head_edges, shift = edges - e0;
+    const int64_t u0 = r.unit0, e0 = r.edge0, shift = edges - e0;
     move_slots(ix.unit_head, u0, units, r.units);
     move_slots(ix.unit_batch, u0, units, r.units);
     move_slots(ix.unit_block, u0, units, r.units);

@@ -276,29 +276,25 @@ bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
       [&](void* mapped) { host_copy(dst, mapped, bytes); });
 }
 
-bool vulkan_transfers(const halide_buffer_t* buf) {
-  std::lock_guard<std::mutex> lock(mu);
-  return usable(buf);
-}
-
 bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
   if (writes.empty()) return true;
   std::lock_guard<std::mutex> lock(mu);
-  std::vector<int64_t> offset(writes.size());
+  // Each write at the next 256-byte offset of the staging.
+  auto span = [](const VulkanWrite& w) { return (w.bytes + 255) / 256 * 256; };
   int64_t total = 0;
-  for (size_t i = 0; i < writes.size(); ++i) {
-    if (!usable(writes[i].dst) || writes[i].bytes < writes[i].src_bytes || writes[i].src_bytes < 0) return false;
-    offset[i] = total;
-    total += (writes[i].bytes + 255) / 256 * 256;
+  for (const VulkanWrite& w : writes) {
+    if (!usable(w.dst) || w.bytes < w.src_bytes || w.src_bytes < 0) return false;
+    total += span(w);
   }
   if (total == 0) return true;
   return with_staging(
       total,
       [&](void* mapped) {
-        for (size_t i = 0; i < writes.size(); ++i) {
-          char* at = static_cast<char*>(mapped) + offset[i];
-          host_copy(at, writes[i].src, writes[i].src_bytes);
-          host_copy(at + writes[i].src_bytes, nullptr, writes[i].bytes - writes[i].src_bytes);
+        char* at = static_cast<char*>(mapped);
+        for (const VulkanWrite& w : writes) {
+          host_copy(at, w.src, w.src_bytes);
+          host_copy(at + w.src_bytes, nullptr, w.bytes - w.src_bytes);
+          at += span(w);
         }
       },
       [&](const Fns& f, VkCommandBuffer commands) {
@@ -310,10 +306,13 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
                            VK_ACCESS_TRANSFER_WRITE_BIT};
         f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
                   nullptr);
-        for (size_t i = 0; i < writes.size(); ++i) {
-          if (writes[i].bytes == 0) continue;
-          VkBufferCopy c{static_cast<VkDeviceSize>(offset[i]), 0, static_cast<VkDeviceSize>(writes[i].bytes)};
-          f.copy(commands, staging.buffer, vk_buffer_of(writes[i].dst), 1, &c);
+        int64_t offset = 0;
+        for (const VulkanWrite& w : writes) {
+          if (w.bytes > 0) {
+            VkBufferCopy c{static_cast<VkDeviceSize>(offset), 0, static_cast<VkDeviceSize>(w.bytes)};
+            f.copy(commands, staging.buffer, vk_buffer_of(w.dst), 1, &c);
+          }
+          offset += span(w);
         }
         VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
                               VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |

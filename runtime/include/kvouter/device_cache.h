@@ -53,9 +53,9 @@ struct DeviceArraySpec {
 // bytes, viewed at any shape that fits (views share the allocation, at offset 0).
 class DeviceArray;
 
-// Uploads gathered for one submission (Vulkan: vulkan_write_device, all of them through one
-// staging copy and one wait; elsewhere each array's own copy at once). The sources must stay
-// valid until flush().
+// Uploads gathered for one submission at flush() (Vulkan: vulkan_write_device, all of them
+// through one staging copy and one wait; elsewhere each array's own copy). The sources must stay
+// valid until flush(), and each array is uploaded once per batch (its view is read at flush()).
 class UploadBatch {
  public:
   void flush();
@@ -68,7 +68,7 @@ class UploadBatch {
     int64_t count;
   };
   std::vector<Pending> pending_;
-  std::vector<VulkanWrite> writes_;
+  std::vector<VulkanWrite> writes_;  // pending_'s, for vulkan_write_device (reused)
 };
 
 class DeviceArray {
@@ -81,7 +81,7 @@ class DeviceArray {
   // A view of `shape` (C order), growing the allocation (its contents lost) when it is too small.
   halide_buffer_t* view(const std::vector<int64_t>& shape);
   // view(shape), with `count` elements from `data` copied to the device (the rest zero): at once,
-  // or, given a batch on Vulkan, at the batch's flush().
+  // or, given a batch, at the batch's flush().
   halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
                           UploadBatch* batch = nullptr);
   // Copies the view's elements back into `dst`.

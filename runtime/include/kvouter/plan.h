@@ -51,6 +51,7 @@ struct PlanWorkspace {
     std::vector<Edge> edges;           // edges of the current (head, sequence), in (query, rank) order
   };
   struct HeadResult {
+    int64_t unit0 = 0, edge0 = 0;  // the head's first unit and edge slots
     int64_t units = 0, edges = 0, attended = 0;
     std::exception_ptr error;  // a head planned on a worker thread: rethrown in head order
   };

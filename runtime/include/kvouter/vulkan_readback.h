@@ -42,8 +42,5 @@ struct VulkanWrite {
   int64_t bytes = 0;
 };
 bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
-// Whether these copies serve `buf` (an allocation of Halide's Vulkan runtime, context functions
-// registered).
-bool vulkan_transfers(const halide_buffer_t* buf);
 
 }  // namespace kvouter::halide
