@@ -2,8 +2,8 @@
 // and the plan of one step (plan/<shape>, plan_checked_tables/<shape>: KVOUTER_BENCH_PLAN_SHAPES,
 // by default decode and gpu-decode), on the calling thread; plan_heads_at_once/<shape> is
 // plan_checked_tables with the KV heads on Halide's thread pool (as the device step plans).
-// Each (backend, shape) is checked against the Eigen float64 oracle before it is timed (a wrong
-// result aborts the benchmark with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
+// Each (backend, shape) is checked against the float64 oracle, then timed, by the measurement core
+// (measure.h; a wrong result skips the row with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
 // in the same process, and the forward / combine split. KVOUTER_BENCH_DTYPES adds each shape in
 // 16-bit storage (<shape>@float16, <shape>@bfloat16), with its ratio to float32 (x_float32).
@@ -23,6 +23,8 @@
 #include "kvouter/jit.h"
 #include "kvouter/plan.h"
 #include "kvouter/pool_memory.h"
+#include "kvouter/stats.h"
+#include "measure.h"
 #include "provenance.h"
 #include "registry.h"
 #include "roofline.h"
@@ -148,35 +150,36 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
     state.SkipWithError(e.what());
     return;
   }
-  Plan plan = make_plan(data.view, backend->plan_options());
-  Outputs out;
+  const Plan plan = make_plan(data.view, backend->plan_options());
+  // The measurement core (experiments/measure.h), as `kvouter run`, the sweeps and the tuner time:
+  // checked against the oracle first, then at least 5 repetitions and 1.5 s of them. One benchmark
+  // iteration reports their median.
+  kx::MeasureOptions mo;
+  mo.repeats = 5;
+  mo.min_total_ms = 1500;
+  mo.reference = &data.ref;
+  kx::Measurement m;
   try {
-    out = backend->run(plan, data.view);  // warm-up (and JIT compile), then check
+    m = kx::measure(*backend, plan, data.view, mo);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     return;
   }
-  const auto err = kx::compare_outputs(out, data.ref);
-  if (!err.ok()) {
-    state.SkipWithError(("wrong result: max|err| " + std::to_string(err.max_out_err)).c_str());
+  if (!m.ok()) {
+    state.SkipWithError(("wrong result: max|err| " + std::to_string(m.err.max_out_err)).c_str());
     return;
   }
-  double fwd = 0, comb = 0;
-  for (auto _ : state) {
-    out = backend->run(plan, data.view);
-    const auto& t = backend->last_timing();
-    state.SetIterationTime((t.forward_ms + t.combine_ms) / 1e3);
-    fwd += t.forward_ms;
-    comb += t.combine_ms;
-  }
-  const double n = static_cast<double>(state.iterations());
-  const double secs = (fwd + comb) / 1e3 / n;
-  state.counters["GFLOP/s"] = benchmark::Counter(plan.flops() / 1e9 * n, benchmark::Counter::kIsRate);
+  const double secs = m.median() / 1e3;
+  for (auto _ : state) state.SetIterationTime(secs);
+  state.counters["n"] = static_cast<double>(m.ms.size());
+  state.counters["p10_ms"] = m.quantile(0.1);
+  state.counters["p90_ms"] = m.quantile(0.9);
+  state.counters["GFLOP/s"] = plan.flops() / secs / 1e9;
   state.counters["pct_peak"] = 100.0 * plan.flops() / secs / 1e9 / roofline().fma_gflops;
-  state.counters["fwd_ms"] = fwd / n;
-  state.counters["combine_ms"] = comb / n;
+  state.counters["fwd_ms"] = median(m.forward_ms);
+  state.counters["combine_ms"] = median(m.combine_ms);
   state.counters["plan_ms"] = plan.plan_ms;
-  state.counters["compile_ms"] = backend->last_timing().compile_ms;
+  state.counters["compile_ms"] = m.compile_ms;
   state.counters["kv_GB/s"] = plan.kv_unit_bytes() / secs / 1e9;
   state.counters["pct_roofline"] = 100.0 * kx::roofline_bound_ms(plan, data.in, roofline()) / 1e3 / secs;
   // The paged bound: the K/V bytes at the read bandwidth of chunks the size of one page's slice
@@ -187,7 +190,7 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   if (!paged_gbps.count(chunk)) paged_gbps[chunk] = kx::paged_read_gbps(chunk);
   state.counters["paged_read_GB/s"] = paged_gbps[chunk];
   state.counters["pct_paged_bound"] = 100.0 * plan.kv_unit_bytes() / (paged_gbps[chunk] * 1e9) / secs;
-  state.counters["max_err"] = err.max_out_err;
+  state.counters["max_err"] = m.err.max_out_err;
   if (data.k_pool.bytes() > 0) {
     state.counters["pool_huge_pct"] = 100.0 * static_cast<double>(data.k_pool.huge_bytes() + data.v_pool.huge_bytes()) /
                                       static_cast<double>(data.k_pool.bytes() + data.v_pool.bytes());
@@ -266,9 +269,7 @@ int main(int argc, char** argv) {
                                      run_case, cfg, shape)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond)
-            ->MinTime(0.5)
-            ->Repetitions(3)
-            ->ReportAggregatesOnly(true);
+            ->Iterations(1);
       }
     }
   }

@@ -14,9 +14,9 @@
 // Each schedule runs its default variant for the shape (the first generated); --all-variants runs
 // every generated variant that fits (the knob points of generators/CMakeLists.txt).
 //
-// Timing: a first call (driver compile, device set-up) apart, then one call that uploads the
-// inputs once, runs the kernels untimed for --warmup-ms, then --reps times back to back
-// (KernelTiming). Without the warm-up the H200's driver keeps Vulkan kernels at its idle SM clock
+// Timing: the measurement core (measure.h), as every tool times: a first call (driver compile,
+// device set-up) apart, then one call that uploads the inputs once, runs the kernels untimed for
+// --warmup-ms, then --reps times back to back (KernelTiming). Without the warm-up the H200's driver keeps Vulkan kernels at its idle SM clock
 // (345 MHz instead of 1980; measured, docs/vulkan.md).
 //
 // --loop N runs, after each shape's kernels, the whole step N times on a device-resident cache
@@ -54,6 +54,8 @@
 #include "kvouter/plan.h"
 #include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
+#include "measure.h"
+#include "provenance.h"
 #include "step_loop.h"
 
 namespace kvouter::experiments {
@@ -75,29 +77,6 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-
-struct Timed {
-  Outputs out;
-  RunTiming first, timed;
-  std::vector<double> total;  // forward + combine per repetition
-  std::string variant;
-};
-
-Timed time_backend(Backend& be, const Plan& plan, const InputsView& in, int reps, double warmup_ms) {
-  Timed r;
-  r.out = be.run(plan, in);  // first call: driver compile of the kernels, device set-up
-  r.first = be.last_timing();
-  be.set_kernel_timing({reps, warmup_ms});
-  r.out = be.run(plan, in);
-  r.timed = be.last_timing();
-  for (size_t i = 0; i < r.timed.forward_all.size(); ++i) {
-    r.total.push_back(r.timed.forward_all[i] + r.timed.combine_all[i]);
-  }
-  const auto params = be.params();
-  auto it = params.find("variant");
-  r.variant = it == params.end() ? "" : it->second;
-  return r;
-}
 
 json errors_json(const Outputs& got, const Outputs& ref) {
   const ErrorReport e = compare_outputs(got, ref);
@@ -164,8 +143,10 @@ int run(int argc, char** argv) {
     }
   }
   json doc = {{"tool", "kvouter_gpu_bench"},
-              {"git_rev", KVOUTER_GIT_REV},
-              {"halide", "21.0.0 (AOT)"},
+              {"git_rev", git_revision()},
+              {"halide", halide_version() + " (AOT)"},
+              {"machine", machine_fingerprint()},
+              {"timestamp", now_iso()},
               {"device", device_name},
               {"peak_fp32_tflops", kFp32PeakTflops},
               {"hbm_tbps", kHbmTBps},
@@ -216,9 +197,12 @@ int run(int argc, char** argv) {
     // against each other here and against PyTorch by torch_compare.py.
     if (check && !loop_only && direct_plan.flops() <= kMaxCheckedFlops) {
       const Plan& plan = direct_plan;
-      const auto c0 = std::chrono::steady_clock::now();
-      baseline = direct->run(plan, in);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+      MeasureOptions once;  // timed as every other run: the measurement core, allocations outside
+      once.repeats = 1;
+      once.warm_call = false;
+      Measurement dm = measure(*direct, plan, in, once);
+      const double ms = dm.median();
+      baseline = std::move(dm.out);
       have_baseline = true;
       shape_doc["direct_cpu_ms"] = ms;
       std::fprintf(stderr, "%s: direct (CPU, %u threads) %.1f ms\n", label.c_str(), std::thread::hardware_concurrency(), ms);
@@ -262,21 +246,19 @@ int run(int argc, char** argv) {
         if (!variant.empty()) params["variant"] = variant;
         auto be = halide::make_aot_backend({"aot", schedule, params, target});
         const Plan plan = make_plan(in, be->plan_options());
-        Timed t = time_backend(*be, plan, in, reps, warmup_ms);
-        const double ms = median(t.total), flops = plan.flops(), kv_bytes = plan.kv_unit_bytes();
-        r.update({{"variant", t.variant},
-                  {"T", plan.tiles.T},
+        // The measurement core (measure.h): a first call (driver compile, device set-up) apart,
+        // then one call that uploads once, warms up, and repeats the kernels.
+        MeasureOptions mo;
+        mo.repeats = reps;
+        mo.warmup_ms = warmup_ms;
+        Measurement t = measure(*be, plan, in, mo);
+        const double ms = t.median(), flops = plan.flops(), kv_bytes = plan.kv_unit_bytes();
+        const auto bp = be->params();
+        r.update(measurement_record(t, plan));
+        r.update({{"variant", bp.count("variant") ? bp.at("variant") : std::string()},
                   {"query_batches", static_cast<int64_t>(plan.tiles.batch_tile_begin.size()) - 1},
-                  {"forward_ms", t.timed.forward_ms},
-                  {"combine_ms", t.timed.combine_ms},
-                  {"kernel_ms", ms},
-                  {"kernel_ms_all", t.total},
-                  {"transfer_ms", t.timed.transfer_ms},
-                  {"first_call_ms", t.first.forward_ms + t.first.combine_ms},
-                  {"flops", flops},
                   {"tflops", flops / ms / 1e9},
                   {"pct_fp32_peak", 100.0 * flops / ms / 1e9 / kFp32PeakTflops},
-                  {"kv_bytes", kv_bytes},
                   {"kv_tbps", kv_bytes / ms / 1e9},
                   {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
         if (dtype == Dtype::kFloat32) {
@@ -294,7 +276,7 @@ int run(int argc, char** argv) {
                 ? (r["vs_" + first_key]["within_tolerance"].get<bool>() ? "matches " : "DIFFERS from ") + first_key
                 : std::string("the reference of the runs after it");
         std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
-                     label.c_str(), key.c_str(), ms, t.timed.forward_ms, t.timed.combine_ms, flops / ms / 1e9,
+                     label.c_str(), key.c_str(), ms, median(t.forward_ms), median(t.combine_ms), flops / ms / 1e9,
                      100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
                      check.c_str());
         if (first_key.empty()) {

@@ -1,12 +1,12 @@
 #include "provenance.h"
 
-#include <Halide.h>
+#include <HalideRuntime.h>
 
 #include <ctime>
 #include <fstream>
 #include <thread>
 
-#include "kvouter/jit.h"
+#include "kvouter_git_rev.h"
 
 namespace kvouter::experiments {
 
@@ -24,9 +24,9 @@ std::string machine_fingerprint() {
       break;
     }
   }
-  const std::string target = halide::resolve_target("host");
+  __builtin_cpu_init();
   return model + " x" + std::to_string(std::thread::hardware_concurrency()) +
-         (target.find("avx512") != std::string::npos ? " avx512" : "");
+         (__builtin_cpu_supports("avx512f") ? " avx512" : "");
 }
 
 std::string now_iso() {

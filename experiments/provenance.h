@@ -9,6 +9,6 @@ namespace kvouter::experiments {
 std::string halide_version();       // "21.0.0"
 std::string machine_fingerprint();  // CPU model, cores, widest vector ISA
 std::string now_iso();              // UTC, ISO 8601
-const char* git_revision();         // short hash at configure time
+const char* git_revision();         // short hash of the tree built, "-dirty" with uncommitted changes
 
 }  // namespace kvouter::experiments

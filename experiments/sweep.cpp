@@ -207,20 +207,19 @@ int run_sweep(const SweepOptions& opt) {
       rec["knobs"] = backend->params();
       rec["target"] = backend->target();
       const Plan plan = make_plan(in, backend->plan_options());
-      const Measurement m = measure(*backend, plan, in, ref, repeats);
-      rec["max_err"] = m.err.max_out_err;
-      rec["ok"] = m.ok();
+      MeasureOptions mo;
+      mo.repeats = repeats;
+      mo.reference = &ref;
+      const Measurement m = measure(*backend, plan, in, mo);
       if (m.ok()) {
-        const double med = m.quantile(0.5);
-        rec["time_ms"] = {{"median", med}, {"p10", m.quantile(0.1)}, {"p90", m.quantile(0.9)},
-                          {"min", m.ms.front()}, {"n", m.ms.size()}};
-        rec["gflops"] = plan.flops() / (med * 1e6);
+        rec.update(measurement_record(m, plan));
+        const double med = m.median();
         rec["pct_peak"] = 100.0 * plan.flops() / (med * 1e6) / roof.fma_gflops;
-        rec["kv_gbps"] = plan.kv_unit_bytes() / (med * 1e6);
         rec["pct_roofline"] = 100.0 * roofline_bound_ms(plan, in, roof) / med;
-        rec["plan_ms"] = plan.plan_ms;
-        rec["compile_ms"] = m.compile_ms;
       } else {
+        rec["ok"] = false;
+        rec["max_out_err"] = m.err.max_out_err;
+        rec["max_lse_err"] = m.err.max_lse_err;
         rec["error"] = "result beyond SPEC's tolerance";
       }
     } catch (const std::exception& e) {

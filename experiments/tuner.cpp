@@ -162,8 +162,8 @@ int run_tune(const TuneOptions& opt) {
       if (r.value("machine", "") != machine_fingerprint() || r.value("halide_version", "") != halide_version()) continue;
       done.insert(r.value("candidate", ""));
       trial = std::max(trial, r.value("trial", 0) + 1);
-      if (r.value("status", "") == "ok" && r["median_ms"].get<double>() < best_ms) {
-        best_ms = r["median_ms"].get<double>();
+      if (r.value("status", "") == "ok" && record_median_ms(r) < best_ms) {
+        best_ms = record_median_ms(r);
         best = r;
       }
     }
@@ -188,18 +188,21 @@ int run_tune(const TuneOptions& opt) {
       // Every candidate's result is compared with the oracle below.
       auto backend = BackendRegistry::instance().make({"jit", c.schedule, c.knobs, opt.target, true});
       const Plan plan = make_plan(in, backend->plan_options());
-      const Measurement m = measure(*backend, plan, in, ref, opt.repeats,
-                                    best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0, warmup_ms);
+      MeasureOptions mo;
+      mo.repeats = opt.repeats;
+      mo.warmup_ms = warmup_ms;
+      mo.stop_after_first_ms = best_ms < 1e300 ? opt.drop_factor * best_ms : 0.0;
+      mo.reference = &ref;
+      const Measurement m = measure(*backend, plan, in, mo);
       rec["compile_ms"] = m.compile_ms;
-      rec["max_err"] = m.err.max_out_err;
       if (!m.ok()) {
+        rec["max_out_err"] = m.err.max_out_err;
+        rec["max_lse_err"] = m.err.max_lse_err;
         status = "rejected: max|out err| " + std::to_string(m.err.max_out_err) + ", max|lse err| " +
                  std::to_string(m.err.max_lse_err) + " beyond SPEC's tolerance";
       } else {
-        const double median = m.quantile(0.5);
-        rec["median_ms"] = median;
-        rec["runs"] = m.ms.size();
-        rec["gflops"] = plan.flops() / (median * 1e6);
+        rec.update(measurement_record(m, plan));
+        const double median = m.median();
         if (static_cast<int>(m.ms.size()) < opt.repeats) {
           status = "dropped";
         } else {
@@ -221,7 +224,7 @@ int run_tune(const TuneOptions& opt) {
     const double eta = elapsed / finished * (todo - finished);
     std::printf("[%d/%d] %-16s %-40s %-9s %9s  best %8.3f ms  ETA %4.0f s\n", finished, todo, c.schedule.c_str(),
                 c.key().substr(c.schedule.size()).c_str(), status.substr(0, 8).c_str(),
-                rec.contains("median_ms") ? (std::to_string(rec["median_ms"].get<double>()).substr(0, 8) + "ms").c_str() : "-",
+                rec.contains("time_ms") ? (std::to_string(record_median_ms(rec)).substr(0, 8) + "ms").c_str() : "-",
                 best_ms < 1e300 ? best_ms : 0.0, eta);
     std::fflush(stdout);
   }
@@ -231,7 +234,7 @@ int run_tune(const TuneOptions& opt) {
   }
   json db = load_json(opt.db, json{{"entries", json::object()}});
   db["entries"][db_key(shape.name, opt.target)] = {{"schedule", best["schedule"]}, {"knobs", best["knobs"]},
-                                                   {"median_ms", best["median_ms"]}, {"shape", opt.shape},
+                                                   {"median_ms", record_median_ms(best)}, {"shape", opt.shape},
                                                    {"target_string", target}, {"updated", now_iso()}};
   std::filesystem::create_directories(std::filesystem::path(opt.db).parent_path());
   std::ofstream(opt.db) << db.dump(1) << "\n";

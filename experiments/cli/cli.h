@@ -3,8 +3,6 @@
 // beside this one (run, compare, demo, export, tune, sweep, make_case); kvouter_main.cpp dispatches.
 #pragma once
 
-#include "kvouter/stats.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -16,8 +14,7 @@
 
 #include "kvouter/backend.h"
 #include "kvouter/plan.h"
-
-namespace kvouter::experiments {}
+#include "measure.h"
 
 namespace kvouter::cli {
 
@@ -43,31 +40,15 @@ int repeat_value(const std::string& v);
 std::string tuning_db_path();
 std::string params_str(const std::map<std::string, std::string>& p);
 
-// One configuration timed as `kvouter run` times it: the plan outside, compile time apart, the
-// median of the repeats' forward + combine.
-struct TimedRun {
+// One configuration as `kvouter run` and `compare` time it (through the measurement core,
+// experiments/measure.h): the backend, and its plan, made outside the clock.
+struct Prepared {
   std::unique_ptr<Backend> backend;
   Plan plan;
-  Outputs out;
-  std::vector<double> times;
-  double compile_ms = 0;
-
-  double median() const { return kvouter::median(times); }
-  void run_once(const InputsView& in) {
-    out = backend->run(plan, in);
-    const auto& t = backend->last_timing();
-    compile_ms += t.compile_ms;
-    times.push_back(t.forward_ms + t.combine_ms);
-  }
-  void print_summary() const {
-    const double ms = median();
-    std::printf("backend=%s schedule=%s params=%s target=%s time_ms=%.3f gflops=%.2f plan_ms=%.3f compile_ms=%.1f\n",
-                backend->name().c_str(), backend->schedule().c_str(), params_str(backend->params()).c_str(),
-                backend->target().c_str(), ms, ms > 0 ? plan.flops() / (ms * 1e6) : 0.0, plan.plan_ms, compile_ms);
-  }
 };
-
-TimedRun prepare_run(const BackendConfig& cfg, const InputsView& in, double warmup_ms);
+Prepared prepare(const BackendConfig& cfg, const InputsView& in);
+// `kvouter run`'s summary line: the median of the repetitions, compile time apart.
+void print_summary(const Prepared& p, const kx::Measurement& m);
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_compare(const std::vector<std::string>& args);

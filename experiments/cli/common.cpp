@@ -56,7 +56,7 @@ void main_help() {
   std::cout << "usage: kvouter <command> [args]\n\n"
                "commands:\n"
                "  run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME] [--param K=V]...\n"
-               "               [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n"
+               "               [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS] [--json FILE]\n"
                "      run one case folder (SPEC section 4), write out.npy and lse.npy\n"
                "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
                "  compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N] [--warmup-ms MS]\n"
@@ -114,11 +114,14 @@ bool command_help(const std::string& cmd) {
 
 void run_help() {
   std::cout << "usage: kvouter run CASE_DIR [--out DIR] [--backend NAME] [--schedule NAME]\n"
-               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n\n"
+               "                  [--param KEY=VALUE]... [--target HALIDE_TARGET] [--repeat N] [--warmup-ms MS]\n"
+               "                  [--json FILE]\n\n"
                "Reads q, k_pages, v_pages, selected, block_tables, cu_seqlens_q[, used_kv_lens] (.npy)\n"
                "and case.json from CASE_DIR; writes out.npy and lse.npy into --out (default CASE_DIR).\n"
                "Prints one summary line. Bad input: one line on stderr, nothing written, exit 2.\n"
                "--repeat N runs N times and reports the median (compile time is never counted).\n"
+               "--json FILE writes the measurement's record (experiments/measure.h: every repetition,\n"
+               "the forward/combine split, plan and compile times, the revision and machine).\n"
                "--warmup-ms MS (Halide backends): before each timed run, the kernels run untimed for MS\n"
                "on the uploaded inputs. GPU figures need it: the H200's driver keeps a Vulkan-only load\n"
                "at its idle clock until the GPU has been busy a while (docs/vulkan.md).\n";
@@ -157,12 +160,19 @@ std::string params_str(const std::map<std::string, std::string>& p) {
   return s.empty() ? "-" : s;
 }
 
-TimedRun prepare_run(const BackendConfig& cfg, const InputsView& in, double warmup_ms) {
-  TimedRun r;
-  r.backend = BackendRegistry::instance().make(cfg);
-  r.plan = make_plan(in, r.backend->plan_options());
-  r.backend->set_kernel_timing({1, warmup_ms});
-  return r;
+Prepared prepare(const BackendConfig& cfg, const InputsView& in) {
+  Prepared p;
+  p.backend = BackendRegistry::instance().make(cfg);
+  p.plan = make_plan(in, p.backend->plan_options());
+  return p;
+}
+
+void print_summary(const Prepared& p, const kx::Measurement& m) {
+  const Backend& b = *p.backend;
+  const double ms = m.median();
+  std::printf("backend=%s schedule=%s params=%s target=%s time_ms=%.3f gflops=%.2f plan_ms=%.3f compile_ms=%.1f\n",
+              b.name().c_str(), b.schedule().c_str(), params_str(b.params()).c_str(), b.target().c_str(), ms,
+              ms > 0 ? p.plan.flops() / (ms * 1e6) : 0.0, p.plan.plan_ms, m.compile_ms);
 }
 
 }  // namespace kvouter::cli

@@ -49,7 +49,7 @@ int cmd_compare(const std::vector<std::string>& a) {
   if (case_dir.empty() == shape.empty()) throw UsageError("compare: expected CASE_DIR or --shape NAME (one of them)");
   const Inputs in = shape.empty() ? load_case(case_dir) : kx::make_case(kx::named_shape(shape));
 
-  TimedRun aot = prepare_run({"aot", schedule, {}, target}, in, warmup_ms);
+  const Prepared aot = prepare({"aot", schedule, {}, target}, in);
   const halide::AotVariant& v =
       halide::aot_select(schedule, is_vulkan_target(target) ? "host-vulkan" : "host", aot.plan);
   BackendConfig jit_cfg{"jit", schedule, {}, target};
@@ -58,21 +58,25 @@ int cmd_compare(const std::vector<std::string>& a) {
     if (!kv.empty()) add_param(kv, &jit_cfg.params);
   }
   jit_cfg.params["T"] = std::to_string(aot.plan.tiles.T);
-  TimedRun jit = prepare_run(jit_cfg, in, warmup_ms);
-  jit.run_once(in);  // the compile, outside the rounds
-  jit.times.clear();
-  jit.compile_ms = 0;
+  const Prepared jit = prepare(jit_cfg, in);
+  // Alternating rounds of one repetition each; the first round of each starts with an untimed call
+  // (the JIT's compile, either's set-up).
+  kx::Measurement am, jm;
   for (int i = 0; i < repeat; ++i) {
-    aot.run_once(in);
-    jit.run_once(in);
+    kx::MeasureOptions opt;
+    opt.repeats = 1;
+    opt.warmup_ms = warmup_ms;
+    opt.warm_call = i == 0;
+    am.append(kx::measure(*aot.backend, aot.plan, in, opt));
+    jm.append(kx::measure(*jit.backend, jit.plan, in, opt));
   }
-  aot.print_summary();
-  jit.print_summary();
-  const auto err = kx::compare_outputs(aot.out, jit.out);
-  const double ratio = std::max(aot.median(), jit.median()) / std::min(aot.median(), jit.median());
+  print_summary(aot, am);
+  print_summary(jit, jm);
+  const auto err = kx::compare_outputs(am.out, jm.out);
+  const double ratio = std::max(am.median(), jm.median()) / std::min(am.median(), jm.median());
   const bool ok = ratio <= max_ratio && err.ok();
   std::printf("compare: variant=%s aot_ms=%.3f jit_ms=%.3f aot/jit=%.3f max_ratio=%.2f max_out_err=%.2e %s\n",
-              v.name.c_str(), aot.median(), jit.median(), aot.median() / jit.median(), max_ratio, err.max_out_err,
+              v.name.c_str(), am.median(), jm.median(), am.median() / jm.median(), max_ratio, err.max_out_err,
               ok ? "ok" : (err.ok() ? "SLOWER" : "MISMATCH"));
   return ok ? 0 : 1;
 }

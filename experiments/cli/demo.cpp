@@ -55,20 +55,19 @@ int cmd_demo(const std::vector<std::string>& args) {
         continue;
       }
       Plan plan = make_plan(in, backend->plan_options());
-      std::vector<double> times;
-      Outputs out;
+      kx::Measurement m;
       try {
-        for (int i = 0; i < 5; ++i) {
-          out = backend->run(plan, in);
-          times.push_back(backend->last_timing().forward_ms + backend->last_timing().combine_ms);
-        }
+        kx::MeasureOptions opt;
+        opt.repeats = 5;
+        opt.warm_call = false;
+        opt.reference = &ref;
+        m = kx::measure(*backend, plan, in, opt);
       } catch (const BackendError& e) {
         std::printf("%-8s %-18s skipped: %s\n", info.name.c_str(), sched.c_str(), e.what());
         continue;
       }
-      std::sort(times.begin(), times.end());
-      const double ms = times[2];
-      const auto err = kx::compare_outputs(out, ref);
+      const double ms = m.median();
+      const auto& err = m.err;
       all_ok &= err.ok();
       const std::string target = backend->target() == halide::resolve_target("host") ? "host"
                                  : is_vulkan_target(backend->target()) ? "host-vulkan"

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -11,13 +12,15 @@
 
 #include "cli/cli.h"
 #include "kvouter/case_io.h"
+#include "kvouter/errors.h"
+#include "provenance.h"
 #include "registry.h"
 #include "tuner.h"
 
 namespace kvouter::cli {
 
 struct RunArgs {
-  std::string case_dir, out_dir;
+  std::string case_dir, out_dir, json_path;
   BackendConfig cfg;
   int repeat = 1;
   double warmup_ms = 0;
@@ -28,6 +31,7 @@ RunArgs parse_run(const std::vector<std::string>& a) {
   for (size_t i = 0; i < a.size(); ++i) {
     auto value = [&] { return option_value(a, i); };
     if (a[i] == "--out") r.out_dir = value();
+    else if (a[i] == "--json") r.json_path = value();
     else if (a[i] == "--backend") r.cfg.backend = value();
     else if (a[i] == "--schedule") r.cfg.schedule = value();
     else if (a[i] == "--target") r.cfg.target = value();
@@ -65,10 +69,23 @@ int cmd_run(const std::vector<std::string>& args) {
       }
     }
   }
-  TimedRun r = prepare_run(ra.cfg, in, ra.warmup_ms);
-  for (int i = 0; i < ra.repeat; ++i) r.run_once(in);
-  save_outputs(ra.out_dir, r.out);
-  r.print_summary();
+  const Prepared p = prepare(ra.cfg, in);
+  kx::MeasureOptions opt;
+  opt.repeats = ra.repeat;
+  opt.warmup_ms = ra.warmup_ms;
+  opt.warm_call = false;  // a case runs once unless --repeat asks for more
+  const kx::Measurement m = kx::measure(*p.backend, p.plan, in, opt);
+  save_outputs(ra.out_dir, m.out);
+  print_summary(p, m);
+  if (!ra.json_path.empty()) {
+    nlohmann::json rec = kx::measurement_record(m, p.plan);
+    rec.update({{"kind", "run"}, {"case", ra.case_dir}, {"backend", p.backend->name()},
+                {"schedule", p.backend->schedule()}, {"knobs", p.backend->params()}, {"target", p.backend->target()},
+                {"git_rev", kx::git_revision()}, {"halide_version", kx::halide_version()},
+                {"machine", kx::machine_fingerprint()}, {"timestamp", kx::now_iso()}});
+    std::ofstream f(ra.json_path);
+    if (!(f << rec.dump(1) << "\n")) throw CaseFileError("--json: cannot write " + ra.json_path);
+  }
   return 0;
 }
 

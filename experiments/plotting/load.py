@@ -274,7 +274,7 @@ def _load_gpu_bench(doc: dict, file: str, res: Results) -> int:
         shape = shape_rec.get("shape", "?")
         for run in shape_rec.get("runs", []):
             name = f"{run.get('schedule', '?')}@{run.get('target', '?')}"
-            ms = _opt_float(run.get("kernel_ms"))
+            ms = _record_median(run)
             if ms is None:
                 res.notes.append(f"{file}: {shape} {name}: {str(run.get('error', 'no kernel time'))[:160]}, left out")
                 continue
@@ -285,7 +285,7 @@ def _load_gpu_bench(doc: dict, file: str, res: Results) -> int:
                 res.notes.append(f"{file}: {shape} {name}{' ' + variant if variant else ''}: differs "
                                  f"({', '.join(failed)}), left out")
             res.gpu.append(GpuRun(file=file, device=device, shape=shape, impl=name, variant=variant,
-                                  median_ms=ms, ms_all=[float(x) for x in run.get("kernel_ms_all", [ms])],
+                                  median_ms=ms, ms_all=_record_all(run, ms),
                                   flops=_opt_float(run.get("flops")), kv_bytes=_opt_float(run.get("kv_bytes")),
                                   peak_tflops=peak, hbm_tbps=hbm, ok=not failed, checked=bool(checks),
                                   synthetic=synthetic))
@@ -337,11 +337,27 @@ def _record_kind(rec) -> str | None:
     kind = rec.get("kind")
     if kind in ("sweep", "tune"):
         return kind
-    if "time_ms" in rec:
-        return "sweep"
     if "trial" in rec and "shape_class" in rec:
         return "tune"
+    if "time_ms" in rec:
+        return "sweep"
     return None
+
+
+def _record_median(rec: dict) -> float | None:
+    """A record's median in milliseconds: experiments/measure.h's schema (time_ms.median), or the
+    earlier files' median_ms (tuner logs) and kernel_ms (GPU benchmark)."""
+    t = rec.get("time_ms")
+    if isinstance(t, dict):
+        return _opt_float(t.get("median"))
+    return _opt_float(rec.get("median_ms", rec.get("kernel_ms")))
+
+
+def _record_all(rec: dict, ms: float) -> list[float]:
+    t = rec.get("time_ms")
+    if isinstance(t, dict) and isinstance(t.get("all"), list):
+        return [float(x) for x in t["all"]]
+    return [float(x) for x in rec.get("kernel_ms_all", [ms])]
 
 
 def _opt_float(v) -> float | None:
@@ -367,7 +383,7 @@ def _sweep_measurement(rec: dict, file: str) -> Measurement:
         lo_ms=_opt_float(t.get("p10")), hi_ms=_opt_float(t.get("p90")), n=t.get("n"),
         gflops=_opt_float(rec.get("gflops")), peak_gflops=_opt_float(rec.get("peak_gflops")),
         pct_peak=_opt_float(rec.get("pct_peak")), kv_gbps=_opt_float(rec.get("kv_gbps")),
-        read_gbps=_opt_float(rec.get("read_gbps")), max_err=_opt_float(rec.get("max_err")),
+        read_gbps=_opt_float(rec.get("read_gbps")), max_err=_opt_float(rec.get("max_out_err", rec.get("max_err"))),
         ok=bool(rec.get("ok", True)), synthetic=bool(rec.get("synthetic", False)),
         repro=str(rec.get("repro", "")))
 
@@ -376,7 +392,7 @@ def _tune_trial(rec: dict, file: str) -> TuneTrial:
     return TuneTrial(
         file=file, shape_class=str(rec["shape_class"]), target=str(rec.get("target", "")),
         trial=int(rec["trial"]), schedule=str(rec.get("schedule", "")), knobs=dict(rec.get("knobs") or {}),
-        median_ms=_opt_float(rec.get("median_ms")), best_ms=_opt_float(rec.get("best_ms")),
+        median_ms=_record_median(rec), best_ms=_opt_float(rec.get("best_ms")),
         status=str(rec.get("status", "ok")), synthetic=bool(rec.get("synthetic", False)))
 
 
@@ -421,6 +437,12 @@ def _load_gbench(doc: dict, file: str, res: Results) -> int:
                 lo, hi = max(0.0, median - sd), median + sd
             else:
                 lo = hi = None
+        elif len(its) == 1 and "p10_ms" in its[0]:
+            # One iteration that ran the measurement core (experiments/measure.h): its real_time is
+            # the median of its repetitions, whose spread and count are counters.
+            main, median = its[0], ms(its[0])
+            reps = int(main.get("n", 1))
+            lo, hi = _opt_float(main.get("p10_ms")), _opt_float(main.get("p90_ms"))
         elif its:  # no aggregates: the iterations themselves
             times = sorted(ms(e) for e in its)
             main, median, reps = its[len(its) // 2], statistics.median(times), len(its)
@@ -445,7 +467,7 @@ def _load_gbench(doc: dict, file: str, res: Results) -> int:
 
 
 _GBENCH_FIELDS = {"family_index", "per_family_instance_index", "repetitions", "repetition_index", "threads",
-                  "iterations", "real_time", "cpu_time"}
+                  "iterations", "real_time", "cpu_time", "p10_ms", "p90_ms", "n"}
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

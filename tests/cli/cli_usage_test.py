@@ -87,6 +87,15 @@ with tempfile.TemporaryDirectory() as tmp:
         print("skipped: the GPU twin check needs a Vulkan device (none found)")
     # compare: the AOT variant against the JIT of its configuration (the speed guard itself is the
     # bench_aot_vs_jit ctests); here its contract. A generous ratio keeps this a functional check.
+    # --json: the measurement core's record (experiments/measure.h), every repetition in it.
+    rec_path = os.path.join(out, "run.json")
+    r = run("run", case, "--out", out, "--backend", "jit", "--schedule", "cpu_tiled", "--repeat", "3", "--json", rec_path)
+    rec = json.load(open(rec_path)) if r.returncode == 0 and os.path.exists(rec_path) else {}
+    t = rec.get("time_ms", {})
+    expect(t.get("n") == 3 and len(t.get("all", [])) == 3 and t.get("min", 0) > 0
+           and f"time_ms={t.get('median', -1):.3f}" in r.stdout and rec.get("schedule") == "cpu_tiled"
+           and rec.get("git_rev") and rec.get("forward_ms", 0) > 0,
+           f"run --json writes the measurement record: {r.stdout.strip()[-200:]} {r.stderr.strip()[-200:]}")
     r = run("compare", case, "--repeat", "2", "--max-ratio", "100")
     expect(r.returncode == 0 and "compare: variant=kvouter_cpu_tiled" in r.stdout and " ok" in r.stdout,
            f"compare times AOT against JIT: {r.stdout[-300:]} {r.stderr[-300:]}")

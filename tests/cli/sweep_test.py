@@ -45,7 +45,7 @@ runs:
     expect(r.returncode == 0 and len(recs) == 6 and len({x["point"] for x in recs}) == 6, "merge joins 6 distinct points")
     good = [x for x in recs if x["ok"]]
     bad = [x for x in recs if not x["ok"]]
-    expect(len(good) == 4 and all(x["time_ms"]["median"] > 0 and x["max_err"] < 1e-3 for x in good),
+    expect(len(good) == 4 and all(x["time_ms"]["median"] > 0 and x["max_out_err"] < 1e-3 for x in good),
            "CPU points are checked and timed")
     expect(len(bad) == 2 and all("Vulkan target" in x["error"] for x in bad), "failing points are recorded with their error")
     keys = {"kind", "sweep", "point", "shape", "backend", "schedule", "knobs", "target", "git_rev", "halide_version",

@@ -61,7 +61,7 @@ def sweep_record(name, shape, series, rng, ok=True):
                     "min": round(ms * 0.94, 5), "n": 5},
         "gflops": round(gflops, 3), "peak_gflops": PEAK_GFLOPS, "pct_peak": round(100 * gflops / PEAK_GFLOPS, 2),
         "kv_gbps": round(kv_gb / (ms / 1e3), 3), "read_gbps": READ_GBPS,
-        "max_err": 2.4e-7 if ok else 3.1e-2, "ok": ok, "repro": WHO, "timestamp": "2000-01-01T00:00:00Z",
+        "max_out_err": 2.4e-7 if ok else 3.1e-2, "ok": ok, "repro": WHO, "timestamp": "2000-01-01T00:00:00Z",
     }
 
 
@@ -94,19 +94,20 @@ def write_tuning(rng):
                 median = round(start_ms * (1 - 0.45 * (1 - math.exp(-trial / 4))) * rng.uniform(0.85, 1.2), 4)
                 best = median if best is None else min(best, median)
             lines.append({"kind": "tune", "synthetic": True, "shape_class": shape_class, "target": "host",
-                          "trial": trial, "schedule": schedule, "knobs": knobs, "median_ms": median,
-                          "best_ms": best, "status": status})
+                          "trial": trial, "schedule": schedule, "knobs": knobs, "best_ms": best, "status": status,
+                          **({"time_ms": {"median": median, "n": 5}} if median is not None else {})})
     (OUT / "tune_synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
 def write_gbench(rng):
-    """Google Benchmark 1.7 JSON as kvouter_bench writes it (Repetitions(3), aggregates only)."""
+    """Google Benchmark 1.7 JSON as kvouter_bench writes it (one iteration per row, which ran the
+    measurement core)."""
     benchmarks, direct_ms = [], {}
     series = [SERIES[1], SERIES[0], SERIES[2], SERIES[5]]  # direct first, as the driver registers it
     for family, (shape_name, s) in enumerate((n, s) for n in ("tiny", "prefill") for s in series):
         backend, schedule, knobs, ceff, beff, overhead = s
         shape = SHAPES[shape_name]
-        run_name = f"fwd+combine/{backend}/{schedule}/{shape_name}/min_time:0.500/repeats:3/manual_time"
+        run_name = f"fwd+combine/{backend}/{schedule}/{shape_name}/iterations:1/manual_time"
         ms, gflop, kv_gb = model(shape, backend, ceff, beff, overhead, rng)
         if backend == "direct":
             direct_ms[shape_name] = ms
@@ -116,18 +117,18 @@ def write_gbench(rng):
                     "pct_peak": 100 * gflop / (ms / 1e3) / PEAK_GFLOPS, "plan_ms": 0.02}
         if shape_name in direct_ms:
             counters["x_direct"] = direct_ms[shape_name] / ms
-        for agg, t in (("mean", ms * 1.01), ("median", ms), ("stddev", sd), ("cv", sd / ms)):
-            entry = {"name": f"{run_name}_{agg}", "family_index": family, "per_family_instance_index": 0,
-                     "run_name": run_name, "run_type": "aggregate", "repetitions": 3, "threads": 1,
-                     "aggregate_name": agg, "aggregate_unit": "percentage" if agg == "cv" else "time",
-                     "iterations": 3, "real_time": round(t, 6), "cpu_time": round(t * 1.9, 6), "time_unit": "ms"}
-            scale = 0.03 if agg in ("stddev", "cv") else 1.0  # spread of the counters, roughly
-            entry.update({k: round(v * scale, 6) for k, v in counters.items()})
-            benchmarks.append(entry)
+        # One iteration that ran the measurement core: real_time is its median, p10/p90/n counters.
+        counters.update({"p10_ms": ms - sd, "p90_ms": ms + sd, "n": 7})
+        entry = {"name": run_name, "family_index": family, "per_family_instance_index": 0,
+                 "run_name": run_name, "run_type": "iteration", "repetitions": 1, "repetition_index": 0,
+                 "threads": 1, "iterations": 1, "real_time": round(ms, 6), "cpu_time": round(ms * 1.9, 6),
+                 "time_unit": "ms"}
+        entry.update({k: round(v, 6) for k, v in counters.items()})
+        benchmarks.append(entry)
     # A run the driver refused to time (wrong result): the plots must skip it.
-    bad = "fwd+combine/jit/cpu_rowstream/tiny/min_time:0.500/repeats:3/manual_time"
-    benchmarks.append({"name": bad, "family_index": len(benchmarks) // 4, "per_family_instance_index": 0,
-                       "run_name": bad, "run_type": "iteration", "repetitions": 3, "repetition_index": 0,
+    bad = "fwd+combine/jit/cpu_rowstream/tiny/iterations:1/manual_time"
+    benchmarks.append({"name": bad, "family_index": len(benchmarks), "per_family_instance_index": 0,
+                       "run_name": bad, "run_type": "iteration", "repetitions": 1, "repetition_index": 0,
                        "threads": 1, "iterations": 0, "real_time": 0.0, "cpu_time": 0.0, "time_unit": "ms",
                        "error_occurred": True, "error_message": "wrong result: max|err| 0.031250"})
     doc = {"context": {"date": "2000-01-01T00:00:00+00:00", "host_name": MACHINE,
@@ -161,7 +162,7 @@ def write_gpu(rng):
             variant = f"kvouter_{schedule}_d128_p64_b128_q16_t1_{tgt}_chunk_4096" + (f"_{knobs}" if knobs else "")
             all_ms = sorted(round(ms * rng.uniform(0.98, 1.05), 4) for _ in range(3))
             runs.append({"schedule": schedule, "target": target, "variant": variant, "backend": "aot",
-                         "kernel_ms": all_ms[1], "kernel_ms_all": all_ms, "flops": flops, "kv_bytes": kv,
+                         "time_ms": {"median": all_ms[1], "n": 3, "all": all_ms}, "flops": flops, "kv_bytes": kv,
                          "vs_direct": {"within_tolerance": ok, "max_out_err": 3e-8 if ok else 0.5}})
         runs.append({"schedule": "vulkan_rows", "target": "host-cuda",
                      "error": "aot: no generated kernel for schedule 'vulkan_rows' and target 'host-cuda'"})
