@@ -51,6 +51,11 @@ int cmd_export(const std::vector<std::string>& a) {
   }
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
   if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");
+  // A variant specialised to a case takes the schedule's defaults (the block as one chunk), as run
+  // and the JIT give them; a generic Vulkan variant keeps its chunk in registers.
+  if (!from_case.empty()) {
+    for (const auto& [k, v] : info->default_params) params.emplace(k, v);
+  }
   auto knobs = halide::checked_knobs(params);
   halide::Specialization spec;  // generic unless a case fixes the shape
   if (!from_case.empty()) {

@@ -158,6 +158,13 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and all(any(n.endswith(sfx) for n in names) for sfx in
            ["_fwd.a", "_fwd.h", "_fwd.stmt", "_comb.a", "_comb.h", "_comb.stmt"]), f"export writes library, header, stmt: {names}")
     expect("kvouter_cpu_simple_generic_chunk_32_fwd.a" in names, f"export names its output as the build does: {names}")
+    # A schedule that needs the block as one chunk gets it by default, as run and the JIT give it.
+    one_case, one_out = os.path.join(tmp, "one_chunk_case"), os.path.join(tmp, "one_chunk")
+    run("make-case", "tiny", one_case)
+    r = run("export", "--out", one_out, "--schedule", "vulkan_tiled", "--target", "host-vulkan", "--from-case", one_case)
+    expect(r.returncode == 0 and any("vulkan_tiled" in n and "chunk_4096" in n and n.endswith("_fwd.a")
+                                     for n in (os.listdir(one_out) if os.path.isdir(one_out) else [])),
+           f"export of a one-chunk schedule applies the one-chunk default: {r.stderr.strip()[-300:]}")
     r = run("export", "--out", tmp, "--schedule", "nope")
     expect(r.returncode == 2 and "schedule" in r.stderr, "export of an unknown schedule exits 2")
     # A 16-bit configuration: the forward takes bfloat16 bits (its header says uint16 inputs).
