@@ -4,6 +4,7 @@
 
     .venv/bin/python notebooks/refresh.py        # or: make notebooks
 """
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,19 @@ import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "experiments" / "results"
+
+
+def results_digest(root: Path = RESULTS) -> str:
+    """sha256 over the committed result files (names and bytes; not the fixtures, not the figures):
+    a notebook saved with another digest shows outputs of other results (the notebooks test fails)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if not p.is_file() or rel.parts[0] in ("fixtures", "figures") or p.suffix not in (".json", ".jsonl", ".csv"):
+            continue
+        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def main() -> int:
@@ -24,6 +38,8 @@ def main() -> int:
                 c.execution_count = None
         NotebookClient(nb, kernel_name="python3", timeout=120, startup_timeout=60,
                        resources={"metadata": {"path": str(HERE)}}).execute()
+        if not env_results:  # on the committed results: say which
+            nb.metadata["kvouter"] = {"results_digest": results_digest()}
         nbformat.write(nb, path)
         print(f"executed {path.name} on {env_results or '../experiments/results'}")
     return 0

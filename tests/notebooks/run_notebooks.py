@@ -24,6 +24,8 @@ from nbclient.exceptions import CellExecutionError
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
+sys.path.insert(0, str(NOTEBOOKS))
+from refresh import results_digest  # noqa: E402
 FIXTURES = REPO / "experiments" / "results" / "fixtures"
 PLOT = REPO / "experiments" / "plot.py"
 FIGURES = ("speedup_vs_sparsity", "gflops_vs_roofline", "schedule_bars", "tuning_convergence", "gpu_roofline")
@@ -81,6 +83,10 @@ def run_notebook(path: Path, keep: Path | None) -> None:
     expect(all(c.get("outputs") for c in code_cells) and not any(o.get("output_type") == "error"
                                                                  for c in code_cells for o in c.get("outputs", [])),
            f"{path.name}: stored executed (every code cell has outputs, none an error; make notebooks)")
+    saved = nb.metadata.get("kvouter", {}).get("results_digest")
+    expect(saved == results_digest(),
+           f"{path.name}: its saved outputs are of the committed results (digest {str(saved)[:12]} vs "
+           f"{results_digest()[:12]}; make notebooks after a result file changes)")
     for c in code_cells:
         c.outputs = []
         c.execution_count = None
