@@ -99,6 +99,18 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw InputError(a, "a value", "nothing");
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,...]\n"
+          "                         [--targets host-vulkan,host-cuda] [--dtypes float32,bfloat16,float16]\n"
+          "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
+          "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
+          "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
+          "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
+          "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
+          "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
+      return 0;
+    }
     if (a == "--shapes") shapes = split(next());
     else if (a == "--schedules") schedules = split(next());
     else if (a == "--reps") reps = std::stoi(next());

@@ -8,8 +8,6 @@
 #include "cli/cli.h"
 #include "kvouter/errors.h"
 #include "registry.h"
-#include "roofline.h"
-#include "sweep.h"
 
 using namespace kvouter;
 using namespace kvouter::cli;
@@ -28,7 +26,7 @@ int main(int argc, char** argv) {
   if (wants_help && cmd != "run" && command_help(cmd)) return 0;
   try {
     if (cmd == "run") {
-      if (std::find(args.begin(), args.end(), "--help") != args.end()) {
+      if (wants_help) {
         run_help();
         return 0;
       }
@@ -36,18 +34,12 @@ int main(int argc, char** argv) {
     }
     if (cmd == "demo") return cmd_demo(args);
     if (cmd == "compare") return cmd_compare(args);
-    if (cmd == "roofline") {
-      std::cout << kx::roofline_json(kx::measure_roofline()) << std::endl;
-      return 0;
-    }
+    if (cmd == "roofline") return cmd_roofline(args);
     if (cmd == "make-case") return cmd_make_case(args);
     if (cmd == "export") return cmd_export(args);
     if (cmd == "tune") return cmd_tune(args);
     if (cmd == "sweep") return cmd_sweep(args);
-    if (cmd == "sweep-merge") {
-      if (args.size() < 2) throw UsageError("sweep-merge: expected OUT.jsonl IN.jsonl...");
-      return kx::merge_sweeps(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
-    }
+    if (cmd == "sweep-merge") return cmd_sweep_merge(args);
     throw UsageError("unknown command '" + cmd + "' (see kvouter --help)");
   } catch (const UsageError& e) {
     std::cerr << "kvouter: usage error: " << e.what() << std::endl;

@@ -1,6 +1,7 @@
 // The kvouter command line's shared pieces: usage errors, option parsing, help, the tuning
-// database's path, and the one timed run that `run` and `compare` share. One file per subcommand
-// beside this one (run, compare, demo, export, tune, sweep, make_case); kvouter_main.cpp dispatches.
+// database's path, and the configuration `run` and `compare` prepare. One file per subcommand
+// beside this one (run, compare, demo, export, tune, sweep, sweep_merge, make_case, roofline);
+// kvouter_main.cpp dispatches.
 #pragma once
 
 #include <algorithm>
@@ -57,5 +58,7 @@ int cmd_export(const std::vector<std::string>& args);
 int cmd_tune(const std::vector<std::string>& args);
 int cmd_sweep(const std::vector<std::string>& args);
 int cmd_make_case(const std::vector<std::string>& args);
+int cmd_roofline(const std::vector<std::string>& args);
+int cmd_sweep_merge(const std::vector<std::string>& args);
 
 }  // namespace kvouter::cli

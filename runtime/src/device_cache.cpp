@@ -536,17 +536,16 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
   halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec(), &uploads_);
-  const int64_t nb = p.Tq == 0 ? 0 : std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
+  const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;
-  const int64_t Qb = std::max<int64_t>(ts.query_batch, 1);
   seg_count_.assign(static_cast<size_t>(nb * S), 0);
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    bt.t0 = std::min(b * Qb, p.Tq);
-    bt.t1 = b + 1 == nb ? p.Tq : std::min((b + 1) * Qb, p.Tq);
-    const int64_t tb = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b)];
-    const int64_t te = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[static_cast<size_t>(b) + 1];
+    const TileSet::Batch range = ts.batch(b, p.Tq);
+    bt.t0 = range.t0;
+    bt.t1 = range.t1;
+    const int64_t tb = range.tile_begin, te = range.tile_end;
     const int64_t nq = bt.t1 - bt.t0, ranks = p.topk * S;
     while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.array_spec()));
     if (S == 1) {
@@ -617,7 +616,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       // No tile: one tile of empty partials (every partial index is -1), so that the combine
       // writes zeros and an empty LSE.
       std::vector<float> empty(static_cast<size_t>(T * p.qhead * C), 0.f);
-      for (int64_t l = 0; l < T * p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
+      mark_empty_partials(empty.data(), T * p.qhead, C, p.D);
       bt.combine_part = bt.empty.upload(empty.data(), static_cast<int64_t>(empty.size()), {1, T * p.qhead, C});
     }
   }

@@ -189,13 +189,9 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
   auto k = device_raw(st, pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()) / st.bytes(), dev);
   auto v = device_raw(st, pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()) / st.bytes(), dev);
   lap(xfer);
-  const int64_t Q = std::max<int64_t>(ts.query_batch, 1);
-  const int64_t batches = std::max<int64_t>(static_cast<int64_t>(ts.batch_tile_begin.size()) - 1, 1);
-  for (int64_t b = 0; b < batches; ++b) {
-    const int64_t t0 = std::min(b * Q, p.Tq), t1 = b + 1 == batches ? p.Tq : std::min((b + 1) * Q, p.Tq);
+  for (int64_t b = 0; b < ts.batches(); ++b) {
+    const auto [t0, t1, tb, te] = ts.batch(b, p.Tq);
     if (t1 <= t0) continue;
-    const int64_t tb = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[b];
-    const int64_t te = ts.batch_tile_begin.empty() ? 0 : ts.batch_tile_begin[b + 1];
     const bool any = te > tb;
     const int64_t nt = any ? te - tb : 1, T = any ? ts.T : 1;
     auto head = device_array(any ? ts.tile_head.data() + tb : nullptr, {nt}, nt, dev);
@@ -385,9 +381,7 @@ void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in,
   // edge keeps the combine's buffers non-empty.
   const int64_t tiles = std::max<int64_t>(ts.num_tiles, 1), T = ts.num_tiles > 0 ? ts.T : 1;
   Tensor<float> partials({tiles, T * p.qhead, C});
-  if (ts.num_tiles == 0) {
-    for (int64_t l = 0; l < p.qhead; ++l) partials.data[l * C + p.D] = layout::kMaskedScore;
-  }
+  if (ts.num_tiles == 0) mark_empty_partials(partials.data.data(), p.qhead, C, p.D);
 
   auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
   auto out = wrap(res.out.ptr(), res.out.shape_vec());

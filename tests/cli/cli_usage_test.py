@@ -29,6 +29,10 @@ expect(r.returncode == 0 and "direct" in r.stdout and "dense" in r.stdout, "--he
 r = run("run", "--help")
 expect(r.returncode == 0 and "--backend" in r.stdout and "schedules:" in r.stdout, "run --help lists options")
 expect("unroll grain slice" in r.stdout, "run --help lists the knobs")
+r = run("run", "-h")
+expect(r.returncode == 0 and "--backend" in r.stdout, "run -h is --help")
+r = run("roofline", "extra")
+expect(r.returncode == 2 and "roofline" in r.stderr, "roofline with an argument exits 2")
 for sub in ("compare", "demo", "roofline", "make-case", "export", "sweep", "sweep-merge", "tune"):
     r = run(sub, "--help")
     expect(r.returncode == 0 and r.stdout.startswith("usage: kvouter " + sub), sub + " --help exits 0 with its usage")

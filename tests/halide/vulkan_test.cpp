@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "case_kinds.h"
@@ -133,20 +134,34 @@ std::vector<std::string> vulkan_schedules(bool twins = false) {
 
 // Where Halide 21's GPU autoschedulers produce wrong kernels for this pipeline (measured on
 // lavapipe under the validation layer, and on the H200's host; docs/vulkan.md). Each entry runs as
-// an expected failure (expect_known_failure): it fails the test the day it passes.
-const char* twin_known_failure(const std::string& twin, const std::string& kind) {
+// an expected failure (expect_known_failure) of the kind it names: it fails the test the day it
+// passes, or the day it fails another way.
+enum FailureKind : unsigned {
+  kRejectedByValidation = 1,  // the validation layer printed a "Validation Error"
+  kWrongOutputs = 2,          // the outputs are off the float64 oracle
+  kHalideError = 4,           // Halide refused the schedule (the error must contain `error_text`)
+};
+
+struct KnownFailure {
+  const char* why;
+  unsigned kinds;
+  const char* error_text = "";
+};
+
+std::optional<KnownFailure> twin_known_failure(const std::string& twin, const std::string& kind) {
   static const std::set<std::string> anderson_invalid = {"gqa_causal_long_kv", "padding_duplicates", "negative_shared_pages",
                                                          "partial_block_topk_gt_blocks", "d72_block256_len232",
                                                          "custom_scale_large_logits", "blocks_beyond_len"};
   if (twin == "auto_anderson2021" && anderson_invalid.count(kind)) {
-    return "Anderson2021 emits SPIR-V the validation layer rejects (UNASSIGNED-CoreValidation-Shader-InconsistentSpirv)";
+    return KnownFailure{"Anderson2021 emits SPIR-V the validation layer rejects "
+                        "(UNASSIGNED-CoreValidation-Shader-InconsistentSpirv)", kRejectedByValidation};
   }
   if (twin == "auto_mullapudi2016_gpu" && kind == "tiny") {
-    return "Mullapudi2016's experimental GPU schedule gives wrong outputs here (every LSE wrong)";
+    return KnownFailure{"Mullapudi2016's experimental GPU schedule gives wrong outputs here (every LSE wrong)", kWrongOutputs};
   }
   if (twin == "auto_mullapudi2016_gpu" && kind == "d72_block256_len232") {
-    return "Mullapudi2016's experimental GPU schedule: wrong outputs, or on an AVX-512 host a schedule Halide "
-           "rejects (could not find var ... to reorder)";
+    return KnownFailure{"Mullapudi2016's experimental GPU schedule: wrong outputs, or on an AVX-512 host a schedule Halide "
+                        "rejects (could not find var ... to reorder)", kWrongOutputs | kHalideError, "could not find var"};
   }
   // Mullapudi2016's GPU schedule depends on the host CPU's features: on the H200 machine's host
   // (Sapphire Rapids) it is invalid for these kinds, where this machine's host compiles them
@@ -155,9 +170,10 @@ const char* twin_known_failure(const std::string& twin, const std::string& kind)
                                                                  "empty_rows", "blocks_beyond_len"};
   if (twin == "auto_mullapudi2016_gpu" && mullapudi_invalid_on_spr.count(kind) &&
       halide::resolve_target("host").find("avx512_sapphirerapids") != std::string::npos) {
-    return "Mullapudi2016 emits a GPU schedule Halide rejects on a Sapphire Rapids host (could not find var ... to reorder)";
+    return KnownFailure{"Mullapudi2016 emits a GPU schedule Halide rejects on a Sapphire Rapids host (could not find var ... "
+                        "to reorder)", kHalideError, "could not find var"};
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 void check(const std::string& backend_name, const std::string& schedule, const Inputs& in, const std::string& what,
@@ -314,44 +330,55 @@ TEST(Vulkan, AotPicksTheGenericVariantForAnUnspecialisedShape) {
 class VulkanTwinTest : public ::testing::TestWithParam<Param> {};
 
 // A known failure runs like every other case, with the process's output captured: it must still
-// fail (a validation error, an error from Halide, or outputs off the oracle). The day it passes,
-// the test fails and asks for the entry to go.
+// fail, and in the way its entry names (a validation error, an error from Halide with its text, or
+// outputs off the oracle). The day it passes, or fails another way, the test fails and asks for the
+// entry to change.
 void expect_known_failure(const std::string& twin, const std::pair<std::string, experiments::CaseSpec>& kind,
-                          const char* why) {
+                          const KnownFailure& known) {
   // A failure that is the validation layer's rejection can only be seen with the layer on (ctest
   // turns it on; a run on a GPU machine may not have it).
   const char* layers = std::getenv("HL_VK_LAYERS");
-  if (std::string(why).find("validation layer") != std::string::npos &&
+  if (known.kinds == kRejectedByValidation &&
       (!layers || std::string(layers).find("VK_LAYER_KHRONOS_validation") == std::string::npos)) {
-    GTEST_SKIP() << "known failure seen only by the validation layer, which HL_VK_LAYERS does not enable: " << why;
+    GTEST_SKIP() << "known failure seen only by the validation layer, which HL_VK_LAYERS does not enable: " << known.why;
   }
   experiments::register_all_backends();
   const Inputs in = experiments::make_case(kind.second);
   std::string failure;
+  unsigned seen = 0;
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   try {
     auto backend = BackendRegistry::instance().make({"jit", twin, {}, "host-vulkan", true});  // compared below
     const Plan plan = make_plan(in, backend->plan_options());
     const auto err = experiments::compare_outputs(backend->run(plan, in), reference::dense_attention<double>(in, plan.problem));
-    if (!err.ok()) failure = "outputs off the oracle (max|out err| " + std::to_string(err.max_out_err) + ")";
+    if (!err.ok()) {
+      failure = "outputs off the oracle (max|out err| " + std::to_string(err.max_out_err) + ")";
+      seen |= kWrongOutputs;
+    }
   } catch (const BackendError& e) {
     failure = std::string("error: ") + e.what();
+    if (failure.find(known.error_text) != std::string::npos) seen |= kHalideError;
   }
   const std::string printed = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
-  if (printed.find("Validation Error") != std::string::npos) failure = "rejected by the validation layer";
+  if (printed.find("Validation Error") != std::string::npos) {
+    failure = "rejected by the validation layer";
+    seen |= kRejectedByValidation;
+  }
   EXPECT_FALSE(failure.empty()) << twin << " on " << kind.first << " now passes: remove it from twin_known_failure ("
-                                << why << ")";
+                                << known.why << ")";
   if (!failure.empty()) {
+    EXPECT_TRUE(seen & known.kinds) << twin << " on " << kind.first << " fails, but not as twin_known_failure says ("
+                                    << known.why << "): " << failure.substr(0, 300);
     ::testing::Test::RecordProperty("expected_failure", failure.substr(0, 200));
-    std::printf("expected failure (%s): %s\n", why, failure.substr(0, 200).c_str());
+    std::printf("expected failure (%s): %s\n", known.why, failure.substr(0, 200).c_str());
   }
 }
 
 TEST_P(VulkanTwinTest, MatchesOracle) {
   REQUIRE_VULKAN();
   const auto& [twin, kind] = GetParam();
-  if (const char* why = twin_known_failure(twin, kind.first)) return expect_known_failure(twin, kind, why);
+  if (const auto known = twin_known_failure(twin, kind.first)) return expect_known_failure(twin, kind, *known);
   check("jit", twin, experiments::make_case(kind.second), kind.first);
 }
 

@@ -2,11 +2,13 @@
 // outside any timed region, and every backend consumes the same Plan.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <vector>
 
 #include "kvouter/inputs.h"
+#include "kvouter/tile_layout.h"
 
 namespace kvouter {
 
@@ -86,7 +88,29 @@ struct TileSet {
   std::vector<int64_t> batch_tile_begin;  // [batches + 1]
 
   int64_t num_partials() const { return num_tiles * T; }
+
+  // Batch b (of batches()) of a step with Tq queries: its queries [t0, t1) and its tiles
+  // [tile_begin, tile_end). Every runner walks the batches through these two.
+  struct Batch {
+    int64_t t0, t1, tile_begin, tile_end;
+  };
+  int64_t batches() const {
+    return std::max<int64_t>(static_cast<int64_t>(batch_tile_begin.size()) - 1, 1);
+  }
+  Batch batch(int64_t b, int64_t Tq) const {
+    const int64_t q = std::max<int64_t>(query_batch, 1), n = batches();
+    const bool tiled = !batch_tile_begin.empty();
+    return {std::min(b * q, Tq), b + 1 == n ? Tq : std::min((b + 1) * q, Tq),
+            tiled ? batch_tile_begin[static_cast<size_t>(b)] : 0, tiled ? batch_tile_begin[static_cast<size_t>(b) + 1] : 0};
+  }
 };
+
+// Marks `rows` zeroed partial rows of `row_floats` (D + layout::kPartialExtra) as empty: m masked,
+// o and l zero. The runners' stand-in when a step has no tile, so that the combine writes zeros
+// and -inf.
+inline void mark_empty_partials(float* rows_data, int64_t rows, int64_t row_floats, int64_t D) {
+  for (int64_t r = 0; r < rows; ++r) rows_data[r * row_floats + D] = layout::kMaskedScore;
+}
 
 // From the index alone (each unit's pages are in KvIndex::unit_pages).
 TileSet build_tiles(const Problem& p, const KvIndex& index, int64_t T, int64_t query_batch = 0);
