@@ -1,8 +1,8 @@
 // cpu_simple: the plain schedule. Parallel over tiles; inside a tile, the online state runs over
 // the chunks and each per-chunk stage is vectorised over its innermost dimension (positions for
-// scores, D for P.V). Measured 2026-12-01 (experiments/results/cpu_bench.json, run 543f69f;
-// experiments/results/README.md), 2-core AMD EPYC Zen 4: SPEC prefill JIT 587 ms = 0.75x direct,
-// decode JIT 65 ms = 0.81x direct. The baseline the other schedules improve on: nothing is
+// scores, D for P.V). Measured 2026-12-02 (experiments/results/cpu_bench.json, run 97411a3;
+// experiments/results/README.md), 2-core AMD EPYC Zen 4: SPEC prefill JIT 630 ms = 0.71x direct,
+// decode JIT 84 ms = 0.63x direct. The baseline the other schedules improve on: nothing is
 // register-blocked and K is read with positions strided.
 #include "schedules.h"
 

@@ -6,9 +6,9 @@
 //   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
 //     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
 //     accumulators stay in registers.
-// Measured 2026-12-01 (experiments/results/cpu_bench.json, run 543f69f; experiments/results/
-// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 189 ms, JIT 184 ms = 2.4x direct; decode
-// (T = 1) AOT 34.7 ms = 1.5x direct, bound by the K/V reads from DRAM
+// Measured 2026-12-02 (experiments/results/cpu_bench.json, run 97411a3; experiments/results/
+// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 197 ms, JIT 180 ms = 2.5x direct; decode
+// (T = 1) AOT 37.9 ms, JIT 35.3 ms = 1.5x direct, 45 % of the paged-read bound
 // (experiments/results/cpu/2026-12-01/decode.md).
 #include "schedules.h"
 
