@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
@@ -104,41 +105,62 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
       if (t_end - t_begin == 1) {
         // One query (decode): its distinct valid blocks are the units, one edge each, in
         // ascending block order (the set bits of the span's words); a repeated block's first rank
-        // is its edge.
-        const int64_t t = t_begin, last = p.last_position(b, 0);
-        const int32_t* const row = sel + (t * Hkv + h) * topk;
-        int64_t lo = p.msb, hi = -1;
-        for (int64_t r = 0; r < topk; ++r) {
-          const int32_t id = row[r];
-          if (id < 0 || id * bs >= L || id * bs > last) continue;  // padding, beyond L_b, causal future
-          __builtin_prefetch(table + id * ippb);
-          const uint64_t bit = uint64_t{1} << (id & 63);
-          if (touched_bits[id >> 6] & bit) continue;  // repeated
-          touched_bits[id >> 6] |= bit;
-          count[id] = static_cast<int32_t>(r);
-          lo = std::min<int64_t>(lo, id);
-          hi = std::max<int64_t>(hi, id);
-        }
-        for (int64_t w = lo >> 6; w <= hi >> 6 && hi >= 0; ++w) {
-          for (uint64_t bits = touched_bits[w]; bits != 0; bits &= bits - 1) {
-            const int32_t id = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
-            const int32_t r = count[id];
-            count[id] = 0;
-            int32_t* const pages = unit_pages + static_cast<size_t>(units) * ppb;
-            const int64_t avail = read_block(id, pages);
-            if (avail == 0) continue;  // no allocated page
-            const int64_t start = id * bs, limit = std::min(bs, last + 1 - start);
-            attended += attended_to(pages, start, limit, avail);
-            unit_head[units] = static_cast<int32_t>(h);
-            unit_batch[units] = static_cast<int32_t>(b);
-            unit_block[units] = id;
-            edge_query[base] = static_cast<int32_t>(t);
-            edge_rank[base] = r;
-            edge_limit[base] = static_cast<int32_t>(limit);
-            inverse[(t * Hkv + h) * topk + r] = static_cast<int32_t>(base);
-            unit_edge_end[units++] = ++base;
+        // is its edge. Compiled for the common pages-per-block counts (the page reads unrolled).
+        auto decode = [&](auto pages_per_block) {
+          constexpr int64_t kN = decltype(pages_per_block)::value;
+          const int64_t np = kN > 0 ? kN : ippb;
+          const int64_t t = t_begin, last = p.last_position(b, 0);
+          const int32_t* const row = sel + (t * Hkv + h) * topk;
+          int64_t lo = p.msb, hi = -1;
+          for (int64_t r = 0; r < topk; ++r) {
+            const int32_t id = row[r];
+            if (id < 0 || id * bs >= L || id * bs > last) continue;  // padding, beyond L_b, causal future
+            __builtin_prefetch(table + id * np);
+            const uint64_t bit = uint64_t{1} << (id & 63);
+            if (touched_bits[id >> 6] & bit) continue;  // repeated
+            touched_bits[id >> 6] |= bit;
+            count[id] = static_cast<int32_t>(r);
+            lo = std::min<int64_t>(lo, id);
+            hi = std::max<int64_t>(hi, id);
           }
-          touched_bits[w] = 0;
+          for (int64_t w = lo >> 6; w <= hi >> 6 && hi >= 0; ++w) {
+            for (uint64_t bits = touched_bits[w]; bits != 0; bits &= bits - 1) {
+              const int32_t id = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
+              const int32_t r = count[id];
+              count[id] = 0;
+              int32_t* const pages = unit_pages + units * np;
+              const int64_t start = id * bs;
+              const int32_t* const src = table + id * np;
+              int64_t avail = 0;
+              for (int64_t j = 0; j < np; ++j) {
+                const int64_t pos = start + j * ps;
+                int32_t page = pos < L ? src[j] : layout::kNoPage;
+                if (page >= num_pages) bad_table_entry(b, id * np + j, num_pages, page);
+                page = page < 0 ? layout::kNoPage : page;
+                pages[j] = page;
+                avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - pos, 0, ps);
+              }
+              if (avail == 0) continue;  // no allocated page
+              const int64_t limit = std::min(bs, last + 1 - start);
+              attended += attended_to(pages, start, limit, avail);
+              unit_head[units] = static_cast<int32_t>(h);
+              unit_batch[units] = static_cast<int32_t>(b);
+              unit_block[units] = id;
+              edge_query[base] = static_cast<int32_t>(t);
+              edge_rank[base] = r;
+              edge_limit[base] = static_cast<int32_t>(limit);
+              inverse[(t * Hkv + h) * topk + r] = static_cast<int32_t>(base);
+              unit_edge_end[units++] = ++base;
+            }
+            touched_bits[w] = 0;
+          }
+        };
+        switch (ippb) {
+          case 1: decode(std::integral_constant<int64_t, 1>{}); break;
+          case 2: decode(std::integral_constant<int64_t, 2>{}); break;
+          case 4: decode(std::integral_constant<int64_t, 4>{}); break;
+          case 8: decode(std::integral_constant<int64_t, 8>{}); break;
+          default: decode(std::integral_constant<int64_t, 0>{});
         }
         continue;
       }
@@ -407,6 +429,14 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
     ts.edge_partial.resize(static_cast<size_t>(n));
     ts.batch_tile_begin.assign({0, n});
     const size_t ppb = static_cast<size_t>(p.ppb);
+    if (ix.num_units() == n) {
+      // One edge per unit too (decode): tile u is unit u, every array a copy or the identity.
+      std::memcpy(ts.tile_head.data(), ix.unit_head.data(), static_cast<size_t>(n) * sizeof(int32_t));
+      std::memcpy(ts.tile_pages.data(), ix.unit_pages.data(), static_cast<size_t>(n) * ppb * sizeof(int32_t));
+      for (int32_t e = 0; e < static_cast<int32_t>(n); ++e) ts.tile_unit[static_cast<size_t>(e)] = e;
+      std::memcpy(ts.edge_partial.data(), ts.tile_unit.data(), static_cast<size_t>(n) * sizeof(int32_t));
+      return;
+    }
     int32_t* const tile_head = ts.tile_head.data();
     int32_t* const tile_unit = ts.tile_unit.data();
     int32_t* const tile_pages = ts.tile_pages.data();
