@@ -140,6 +140,12 @@ def check_plot(tmp: Path) -> None:
     expect("ok=false are left out" in r.stdout and "benchmark reported an error" in r.stdout,
            "plot.py says which records it left out (ok=false, benchmark error)")
 
+    # The GPU results' tables are generated from their JSON (experiments/gpu_table.py).
+    r = subprocess.run([sys.executable, str(REPO / "experiments" / "gpu_table.py"), str(FIXTURES / "gpu_bench_synthetic.json")],
+                       capture_output=True, text=True, timeout=60)
+    expect(r.returncode == 0 and "| gpu-decode | float32 | vulkan_onepass @ host-cuda | 1.103 |" in r.stdout
+           and "matches direct" in r.stdout, f"gpu_table.py prints the fixture's kernel rows: {r.stderr[-300:]}")
+
     # Inputs for only one figure: the other four are skipped, each with its reason.
     out2 = tmp / "only_tuning"
     r = run_plot([str(FIXTURES / "tune_synthetic.jsonl")], out2)
