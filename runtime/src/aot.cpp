@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
@@ -84,8 +86,10 @@ class AotBackend final : public Backend {
     bool any = false;
     for (const auto& v : aot_variants()) any |= v.schedule == schedule_ && v.target == target_;
     if (!any) {
+      std::set<std::string> kinds;  // each schedule@target once
+      for (const auto& v : aot_variants()) kinds.insert(v.schedule + "@" + v.target);
       std::string have;
-      for (const auto& v : aot_variants()) have += (have.empty() ? "" : ", ") + v.schedule + "@" + v.target;
+      for (const auto& k : kinds) have += (have.empty() ? "" : ", ") + k;
       throw BackendError("aot: no generated kernel for schedule '" + schedule_ + "' and target '" + target_ + "' (have: " + have + ")");
     }
   }

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -55,20 +56,26 @@ PoolMemory::~PoolMemory() {
 size_t PoolMemory::huge_bytes() const {
   if (!data_) return 0;
   std::ifstream smaps("/proc/self/smaps");
+  const auto start = reinterpret_cast<uintptr_t>(data_);
+  return huge_bytes_in(smaps, start, start + mapped_);
+}
+
+size_t huge_bytes_in(std::istream& smaps, uintptr_t start, uintptr_t stop) {
+  // The kernel may merge the pool's mapping with its anonymous neighbours into one area: an
+  // area's huge pages count in the share of it the range covers.
   std::string line;
-  const auto start = reinterpret_cast<uintptr_t>(data_), stop = start + mapped_;
-  size_t kb = 0;
-  bool inside = false;
+  double bytes = 0, share = 0;
   while (std::getline(smaps, line)) {
     unsigned long lo = 0, hi = 0;
     if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's header line
-      inside = lo < stop && hi > start;
+      const uintptr_t a = std::max<uintptr_t>(lo, start), b = std::min<uintptr_t>(hi, stop);
+      share = b > a && hi > lo ? static_cast<double>(b - a) / static_cast<double>(hi - lo) : 0.0;
       continue;
     }
     size_t v = 0;
-    if (inside && std::sscanf(line.c_str(), "AnonHugePages: %zu kB", &v) == 1) kb += v;
+    if (share > 0 && std::sscanf(line.c_str(), "AnonHugePages: %zu kB", &v) == 1) bytes += static_cast<double>(v) * 1024 * share;
   }
-  return kb * 1024;
+  return std::min(static_cast<size_t>(bytes), static_cast<size_t>(stop - start));
 }
 
 }  // namespace kvouter

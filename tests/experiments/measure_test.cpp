@@ -25,14 +25,19 @@ std::unique_ptr<Backend> backend(const std::string& name, const std::string& sch
   return BackendRegistry::instance().make({name, schedule, {}, ""});
 }
 
+// `repeats` repetitions of `be` on the tiny case, checked against its oracle.
+Measurement checked(Backend& be, const Case& c, int repeats, const Plan& plan) {
+  MeasureOptions o;
+  o.repeats = repeats;
+  o.reference = &c.ref;
+  return measure(be, plan, c.in, o);
+}
+
 TEST(Measure, HalideBackendRepeatsItsKernelsInOneCall) {
   Case c;
   auto be = backend("jit", "cpu_tiled");
   const Plan plan = make_plan(c.in, be->plan_options());
-  MeasureOptions o;
-  o.repeats = 4;
-  o.reference = &c.ref;
-  const Measurement m = measure(*be, plan, c.in, o);
+  const Measurement m = checked(*be, c, 4, plan);
   ASSERT_TRUE(m.checked);
   EXPECT_TRUE(m.ok());
   ASSERT_EQ(m.ms.size(), 4u);
@@ -55,10 +60,7 @@ TEST(Measure, BaselinesRunOneCallPerRepetition) {
   for (const char* name : {"direct", "dense"}) {
     auto be = backend(name);
     const Plan plan = make_plan(c.in, be->plan_options());
-    MeasureOptions o;
-    o.repeats = 3;
-    o.reference = &c.ref;
-    const Measurement m = measure(*be, plan, c.in, o);
+    const Measurement m = checked(*be, c, 3, plan);
     EXPECT_TRUE(m.ok()) << name;
     ASSERT_EQ(m.ms.size(), 3u) << name;
     for (double ms : m.ms) EXPECT_GT(ms, 0.0) << name;
@@ -146,10 +148,7 @@ TEST(Measure, RecordHasTheOneSchema) {
   Case c;
   auto be = backend("jit", "cpu_tiled");
   const Plan plan = make_plan(c.in, be->plan_options());
-  MeasureOptions o;
-  o.repeats = 5;
-  o.reference = &c.ref;
-  const Measurement m = measure(*be, plan, c.in, o);
+  const Measurement m = checked(*be, c, 5, plan);
   const nlohmann::json r = measurement_record(m, plan);
   const auto& t = r["time_ms"];
   EXPECT_DOUBLE_EQ(t["median"].get<double>(), m.median());

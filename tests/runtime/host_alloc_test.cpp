@@ -1,12 +1,16 @@
 // The kernels' host allocator (kvouter/host_alloc.h): aligned blocks, reuse per thread, bounded
-// caches, frees on another thread and after a thread's exit (LeakSanitizer checks the rest).
+// caches, frees on another thread and after a thread's exit (LeakSanitizer checks the rest); and
+// the pool memory an engine keeps K/V in.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "kvouter/host_alloc.h"
+#include "kvouter/pool_memory.h"
 
 namespace kvouter::halide {
 namespace {
@@ -77,3 +81,26 @@ TEST(HostAlloc, FreedOnAnotherThreadAndAfterAThreadEnds) {
 
 }  // namespace
 }  // namespace kvouter::halide
+
+// Pool memory (as an engine holds K/V): aligned to 2 MiB, and its huge pages counted within its own
+// range, even where the kernel merged its mapping with its neighbours into one area.
+TEST(PoolMemory, IsAlignedAndItsHugeBytesAtMostThePool) {
+  kvouter::PoolMemory pool(size_t{3} << 20);
+  std::memset(pool.data(), 1, pool.bytes());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.data()) % (size_t{2} << 20), 0u);
+  EXPECT_LE(pool.huge_bytes(), size_t{4} << 20);  // 3 MiB rounded up to whole huge pages
+}
+
+TEST(PoolMemory, HugePagesOfAMergedAreaCountInTheRangesShare) {
+  // One 12 MiB area, all of it huge pages; the pool is 4 MiB of it. Then an area it does not touch.
+  std::istringstream smaps(
+      "7f0000000000-7f0000c00000 rw-p 00000000 00:00 0\n"
+      "Size:              12288 kB\n"
+      "AnonHugePages:     12288 kB\n"
+      "7f0001000000-7f0001400000 rw-p 00000000 00:00 0\n"
+      "AnonHugePages:      4096 kB\n");
+  const uintptr_t start = 0x7f0000200000;
+  EXPECT_EQ(kvouter::huge_bytes_in(smaps, start, start + (size_t{4} << 20)), size_t{4} << 20);
+  std::istringstream none("7f0000000000-7f0000c00000 rw-p 00000000 00:00 0\nAnonHugePages:         0 kB\n");
+  EXPECT_EQ(kvouter::huge_bytes_in(none, start, start + (size_t{4} << 20)), 0u);
+}

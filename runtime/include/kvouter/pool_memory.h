@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <istream>
 
 namespace kvouter {
 
@@ -33,5 +35,9 @@ class PoolMemory {
   void* data_ = nullptr;
   size_t bytes_ = 0, mapped_ = 0;
 };
+
+// The bytes of [start, stop) backed by huge pages, from /proc/self/smaps text: an area that the
+// kernel merged beyond the range counts in proportion to the share the range covers.
+size_t huge_bytes_in(std::istream& smaps, uintptr_t start, uintptr_t stop);
 
 }  // namespace kvouter
