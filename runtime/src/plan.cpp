@@ -429,7 +429,7 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
     ts.edge_partial.resize(static_cast<size_t>(n));
     ts.batch_tile_begin.assign({0, n});
     const size_t ppb = static_cast<size_t>(p.ppb);
-    if (ix.num_units() == n) {
+    if (n > 0 && ix.num_units() == n) {  // (no memcpy of empty arrays: their data() may be null)
       // One edge per unit too (decode): tile u is unit u, every array a copy or the identity.
       std::memcpy(ts.tile_head.data(), ix.unit_head.data(), static_cast<size_t>(n) * sizeof(int32_t));
       std::memcpy(ts.tile_pages.data(), ix.unit_pages.data(), static_cast<size_t>(n) * ppb * sizeof(int32_t));
