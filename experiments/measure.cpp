@@ -28,33 +28,31 @@ void Measurement::append(const Measurement& o) {
 
 namespace {
 
+// One call's compile and transfer times, and its repetitions (forward_all, combine_all), or its
+// one timed run where the backend does not repeat its kernels.
+void add_call(const RunTiming& t, Measurement* m) {
+  m->compile_ms += t.compile_ms;
+  m->transfer_ms = t.transfer_ms;
+  const bool reps = !t.forward_all.empty() && t.combine_all.size() == t.forward_all.size();
+  for (size_t i = 0; i < (reps ? t.forward_all.size() : 1); ++i) {
+    const double f = reps ? t.forward_all[i] : t.forward_ms, c = reps ? t.combine_all[i] : t.combine_ms;
+    m->forward_ms.push_back(f);
+    m->combine_ms.push_back(c);
+    m->ms.push_back(f + c);
+  }
+}
+
 // `n` timed repetitions: inside one call where the backend repeats its kernels (forward_all),
 // else one call each.
 void timed_calls(Backend& backend, const Plan& plan, const InputsView& in, int n, double warmup_ms, Measurement* m) {
   backend.set_kernel_timing({n, warmup_ms});
+  const size_t before = m->ms.size();
   m->out = backend.run(plan, in);
-  RunTiming t = backend.last_timing();
-  m->compile_ms += t.compile_ms;
-  m->transfer_ms = t.transfer_ms;
-  if (static_cast<int>(t.forward_all.size()) == n && t.combine_all.size() == t.forward_all.size()) {
-    for (int i = 0; i < n; ++i) {
-      m->forward_ms.push_back(t.forward_all[i]);
-      m->combine_ms.push_back(t.combine_all[i]);
-      m->ms.push_back(t.forward_all[i] + t.combine_all[i]);
-    }
-    return;
-  }
+  add_call(backend.last_timing(), m);
   backend.set_kernel_timing({1, 0});
-  for (int i = 0; i < n; ++i) {
-    if (i > 0) {
-      m->out = backend.run(plan, in);
-      t = backend.last_timing();
-      m->compile_ms += t.compile_ms;
-      m->transfer_ms = t.transfer_ms;
-    }
-    m->forward_ms.push_back(t.forward_ms);
-    m->combine_ms.push_back(t.combine_ms);
-    m->ms.push_back(t.forward_ms + t.combine_ms);
+  while (m->ms.size() - before < static_cast<size_t>(n)) {
+    m->out = backend.run(plan, in);
+    add_call(backend.last_timing(), m);
   }
 }
 
