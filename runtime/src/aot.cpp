@@ -1,6 +1,8 @@
 #include "kvouter/aot.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -116,7 +118,8 @@ class AotBackend final : public Backend {
     const AotVariant& v = aot_select(schedule_, target_, plan, variant_);
     last_variant_ = v.name;
     check_generic_vulkan_loops(v, plan);
-    Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr};
+    Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
+              v.device ? generated_device_kit(target_) : nullptr};
     timing_.compile_ms = 0;
     try {
       run_kernels(k, plan, in, out, &timing_, kernel_timing_);
@@ -152,6 +155,26 @@ const AotKvWriter& aot_kv_writer(const std::string& target, int bits) {
   throw BackendError("device cache: no generated KV writer for target '" + target + "' and " + std::to_string(bits) +
                      "-bit elements (generators/CMakeLists.txt builds host-vulkan and host-cuda; call "
                      "register_generated_aot_kernels() first)");
+}
+
+std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target) {
+  if (is_vulkan_target(target)) {
+    require_vulkan_device();
+  } else if (is_cuda_target(target)) {
+    require_cuda_device();
+  } else {
+    throw BackendError("device cache: target '" + target + "' is not a GPU target (host-vulkan or host-cuda)");
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const DeviceKit>> kits;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& kit = kits[target];
+  if (!kit) {
+    const AotKvWriter& w32 = aot_kv_writer(target, 32);
+    const AotKvWriter& w16 = aot_kv_writer(target, 16);
+    kit = std::make_shared<const DeviceKit>(DeviceKit{target, w32.device(), w32.write, w16.write});
+  }
+  return kit;
 }
 
 void set_aot_error_source(std::string (*source)()) { error_source = source; }

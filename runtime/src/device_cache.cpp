@@ -33,6 +33,14 @@ double ms_since(clock_type::time_point& t) {
 // 64 (shared/notes/halide21-vulkan.md): every allocation and every copy here is whole 64-byte lines.
 int64_t round64(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 * 64; }
 
+// The least a device array allocates. Halide 21's Vulkan allocator can hand a new allocation the
+// region of a freed one together with that one's buffer object, sized as it was requested: a
+// kernel's scalar-argument buffer (tens to hundreds of bytes, not whole 64-byte lines) then
+// became a 192-byte array's, and copies into it overran it (the validation layer's
+// VUID-vkCmdCopyBuffer-size-00116; the JIT's kernels then read zeros; docs/vulkan.md limit 15).
+// No array is that small.
+constexpr int64_t kMinArrayBytes = 4096;
+
 // Rows per call of the scatter kernel: its grid's x extent, below the 65535 workgroups that some
 // devices allow (lavapipe, in every dimension).
 constexpr int64_t kMaxRowsPerCall = 32768;
@@ -42,17 +50,6 @@ constexpr int64_t kMaxElements = (int64_t{1} << 31) - 64;
 
 void check(int rc, const std::string& what) {
   if (rc != 0) throw BackendError("device cache: " + what + " failed with code " + std::to_string(rc));
-}
-
-const halide_device_interface_t* device_of(const std::string& target, int bits) {
-  if (is_vulkan_target(target)) {
-    require_vulkan_device();
-  } else if (is_cuda_target(target)) {
-    require_cuda_device();
-  } else {
-    throw BackendError("device cache: target '" + target + "' is not a GPU target (host-vulkan or host-cuda)");
-  }
-  return aot_kv_writer(target, bits).device();
 }
 
 halide_type_t bits_type(Dtype t) { return halide_type_t(halide_type_uint, static_cast<uint8_t>(8 * dtype_bytes(t))); }
@@ -99,8 +96,8 @@ DeviceArraySpec DeviceArraySpec::of(const std::string& target, const halide_devi
   return s;
 }
 
-DeviceArray::DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging)
-    : type_(type), spec_(spec), staging_(host_staging) {}
+DeviceArray::DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging, bool whole_rows)
+    : type_(type), spec_(spec), staging_(host_staging), whole_rows_(whole_rows) {}
 
 std::atomic<bool> DeviceArray::fast_transfers_{true};
 void DeviceArray::set_fast_transfers(bool on) { fast_transfers_ = on; }
@@ -121,7 +118,8 @@ void DeviceArray::reserve(int64_t bytes) {
   }
   if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing an outgrown device array");
   // Never past what one descriptor may bind: Halide binds the whole allocation.
-  const int64_t grown = std::min(most / 64 * 64, std::max(bytes, round64(capacity_ + capacity_ / 2)));
+  const int64_t grown =
+      std::min(most / 64 * 64, std::max({bytes, round64(capacity_ + capacity_ / 2), kMinArrayBytes}));
   if (pinned_) cuda_unpin(host_.data());
   pinned_ = false;
   alloc_ = halide_buffer_t{};
@@ -137,9 +135,18 @@ void DeviceArray::reserve(int64_t bytes) {
   }
 }
 
-halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& shape) {
+halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& given) {
   int64_t n = 1;
-  for (int64_t e : shape) n *= std::max<int64_t>(e, 0);
+  for (int64_t e : given) n *= std::max<int64_t>(e, 0);
+  elements_ = n;
+  std::vector<int64_t>& shape = shape_;
+  shape = given;
+  if (whole_rows_ && !shape.empty()) {
+    const int64_t m = std::max<int64_t>(64 / type_.bytes(), 1);
+    shape[0] = (std::max<int64_t>(shape[0], 1) + m - 1) / m * m;
+    n = 1;
+    for (int64_t e : shape) n *= std::max<int64_t>(e, 0);
+  }
   reserve(n * type_.bytes());
   view_ = halide_buffer_t{};
   view_.type = type_;
@@ -188,7 +195,7 @@ void DeviceArray::upload_now(const void* data, int64_t count) {
 }
 
 void DeviceArray::download(void* dst) {
-  const int64_t bytes = static_cast<int64_t>(view_.size_in_bytes());
+  const int64_t bytes = elements_ * type_.bytes();
   if (fast_transfers_ && vulkan_read_device(&alloc_, bytes, dst)) return;
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
@@ -208,18 +215,29 @@ int64_t DeviceKvCache::max_segment_pages(const std::string& target, const Device
   return std::max<int64_t>(limit / page_bytes / 64 * 64, 0);
 }
 
-DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& shape, int64_t segment_pages)
-    : target_(target), shape_(shape) {
+namespace {
+
+const DeviceCacheShape& checked_shape(const DeviceCacheShape& shape, int64_t segment_pages) {
   if (shape.num_pages <= 0) throw InputError("num_pages", "a positive page count", std::to_string(shape.num_pages));
   if (shape.Hkv <= 0) throw InputError("Hkv", "a positive head count", std::to_string(shape.Hkv));
   if (shape.page_size <= 0) throw InputError("page_size", "a positive page size", std::to_string(shape.page_size));
   if (shape.D <= 0) throw InputError("D", "a positive head dimension", std::to_string(shape.D));
   if (segment_pages < 0) throw InputError("segment_pages", "0 (automatic) or a positive page count", std::to_string(segment_pages));
+  return shape;
+}
+
+}  // namespace
+
+DeviceKvCache::DeviceKvCache(const std::string& target, const DeviceCacheShape& shape, int64_t segment_pages)
+    : DeviceKvCache((checked_shape(shape, segment_pages), generated_device_kit(target)), shape, segment_pages) {}
+
+DeviceKvCache::DeviceKvCache(std::shared_ptr<const DeviceKit> kit, const DeviceCacheShape& shape, int64_t segment_pages)
+    : kit_(std::move(kit)), target_(kit_->target), shape_(checked_shape(shape, segment_pages)) {
   const int bits = 8 * static_cast<int>(dtype_bytes(shape.dtype));
-  dev_ = device_of(target, bits);
-  spec_ = DeviceArraySpec::of(target, dev_);
-  writer_ = aot_kv_writer(target, bits).write;
-  const int64_t most = max_segment_pages(target, shape);
+  dev_ = kit_->dev;
+  spec_ = DeviceArraySpec::of(target_, dev_);
+  writer_ = kit_->writer(bits);
+  const int64_t most = max_segment_pages(target_, shape);
   if (most <= 0) throw InputError("page_size", "pages that fit one device buffer", "a page of " + std::to_string(shape.Hkv * shape.page_size * shape.D * dtype_bytes(shape.dtype)) + " bytes");
   segment_pages_ = segment_pages == 0 ? std::min(most, shape.num_pages) : segment_pages;
   if (segment_pages_ > most) {
@@ -287,18 +305,19 @@ DeviceKvCache::~DeviceKvCache() {
 }
 
 void DeviceKvCache::check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
-                               int64_t rows_per_page) const {
+                               int64_t rows_per_page, int64_t n_src) const {
   const int64_t n = pages.rank == 1 ? pages.dim(0) : -1;
   if (n < 0 || !pages.row_major()) throw InputError("pages", "a contiguous [n] array", shape_str(pages));
+  if (n_src < 0) n_src = n;
   const std::vector<int64_t> want = rows_per_page > 1
-                                        ? std::vector<int64_t>{n, shape_.Hkv, shape_.page_size, shape_.D}
-                                        : std::vector<int64_t>{n, shape_.Hkv, shape_.D};
+                                        ? std::vector<int64_t>{n_src, shape_.Hkv, shape_.page_size, shape_.D}
+                                        : std::vector<int64_t>{n_src, shape_.Hkv, shape_.D};
   for (const auto& [name, x] : {std::pair<const char*, const StorageView*>{"k", &k}, {"v", &v}}) {
     if (x->dtype != shape_.dtype) {
       throw InputError(name, "dtype " + dtype_name(shape_.dtype) + " (the cache's)", dtype_name(x->dtype));
     }
     if (x->shape_vec() != want || !x->row_major()) throw InputError(name, "a contiguous " + shape_str(want), shape_str(*x));
-    if (n > 0 && x->data == nullptr) throw InputError(name, "data", "a null pointer");
+    if (n > 0 && n_src > 0 && x->data == nullptr) throw InputError(name, "data", "a null pointer");
   }
   if (n > 0 && pages.data == nullptr) throw InputError("pages", "data", "a null pointer");
   for (int64_t i = 0; i < n; ++i) {
@@ -326,7 +345,18 @@ int64_t DeviceKvCache::first_repeat(const int32_t* pages, const int32_t* slots, 
 }
 
 void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v) {
-  check_rows(pages, k, v, shape_.page_size);
+  check_rows(pages, k, v, shape_.page_size, -1);
+  write_page_rows(pages, nullptr, k, v);
+}
+
+void DeviceKvCache::write_pool_pages(const TensorView<const int32_t>& pages, const StorageView& k_pool,
+                                     const StorageView& v_pool) {
+  check_rows(pages, k_pool, v_pool, shape_.page_size, shape_.num_pages);
+  write_page_rows(pages, pages.data, k_pool, v_pool);
+}
+
+void DeviceKvCache::write_page_rows(const TensorView<const int32_t>& pages, const int32_t* src, const StorageView& k,
+                                    const StorageView& v) {
   const int64_t n = pages.dim(0), PS = shape_.page_size, H = shape_.Hkv;
   const int64_t eb = dtype_bytes(shape_.dtype), row_bytes = shape_.D * eb;
   if (const int64_t i = first_repeat(pages.data, nullptr, n); i >= 0) {
@@ -340,14 +370,15 @@ void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const St
   const auto* ks = static_cast<const uint8_t*>(k.data);
   const auto* vs = static_cast<const uint8_t*>(v.data);
   for (int64_t i = 0; i < n; ++i) {
+    const int64_t from = src ? src[i] : i;
     for (int64_t s = 0; s < PS; ++s) {
       const int64_t r = i * PS + s;
       all_page_[static_cast<size_t>(r)] = pages.data[i];
       all_slot_[static_cast<size_t>(r)] = static_cast<int32_t>(s);
       for (int64_t h = 0; h < H; ++h) {
-        const int64_t src = ((i * H + h) * PS + s) * row_bytes, dst = (r * H + h) * row_bytes;
-        std::memcpy(k_rows_.data() + dst, ks + src, static_cast<size_t>(row_bytes));
-        std::memcpy(v_rows_.data() + dst, vs + src, static_cast<size_t>(row_bytes));
+        const int64_t at = ((from * H + h) * PS + s) * row_bytes, dst = (r * H + h) * row_bytes;
+        std::memcpy(k_rows_.data() + dst, ks + at, static_cast<size_t>(row_bytes));
+        std::memcpy(v_rows_.data() + dst, vs + at, static_cast<size_t>(row_bytes));
       }
     }
   }
@@ -356,7 +387,7 @@ void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const St
 
 void DeviceKvCache::write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
                                  const StorageView& k, const StorageView& v) {
-  check_rows(pages, k, v, 1);
+  check_rows(pages, k, v, 1, -1);
   const int64_t n = pages.dim(0);
   if (slots.rank != 1 || slots.dim(0) != n || !slots.row_major()) {
     throw InputError("slots", "a contiguous [" + std::to_string(n) + "] array (one per page entry)", shape_str(slots));
@@ -454,8 +485,9 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
 // bind invalid descriptor ranges, docs/vulkan.md limit 13), and where its partials go.
 struct SegmentTiles {
   explicit SegmentTiles(const DeviceArraySpec& a)
-      : head(halide_type_of<int32_t>(), a), pages(halide_type_of<int32_t>(), a), query(halide_type_of<int32_t>(), a),
-        limit(halide_type_of<int32_t>(), a), part(halide_type_of<float>(), a, false), to_tile(halide_type_of<int32_t>(), a),
+      : head(halide_type_of<int32_t>(), a, true, true), pages(halide_type_of<int32_t>(), a, true, true),
+        query(halide_type_of<int32_t>(), a, true, true), limit(halide_type_of<int32_t>(), a, true, true),
+        part(halide_type_of<float>(), a, false, true), to_tile(halide_type_of<int32_t>(), a),
         zeros(halide_type_of<int32_t>(), a) {}
   DeviceArray head, pages, query, limit, part, to_tile, zeros;
   int64_t n = 0, offset = 0;
@@ -464,8 +496,9 @@ struct SegmentTiles {
 // One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
 struct DeviceStepRunner::Batch {
   explicit Batch(const DeviceArraySpec& a)
-      : pidx(halide_type_of<int32_t>(), a), part(halide_type_of<float>(), a, false), out(halide_type_of<float>(), a),
-        lse(halide_type_of<float>(), a), empty(halide_type_of<float>(), a) {}
+      : pidx(halide_type_of<int32_t>(), a, true, true), part(halide_type_of<float>(), a, false, true),
+        out(halide_type_of<float>(), a, true, true), lse(halide_type_of<float>(), a, true, true),
+        empty(halide_type_of<float>(), a, true, true) {}
   std::vector<std::unique_ptr<SegmentTiles>> seg;
   DeviceArray pidx, part, out, lse;
   DeviceArray empty;  // a batch with no tile: one tile of empty partials, for the combine
@@ -473,37 +506,72 @@ struct DeviceStepRunner::Batch {
   int64_t t0 = 0, t1 = 0;
 };
 
+namespace {
+
+// Generated variants of one schedule for the plan at hand (aot_select), each wrapped once.
+KernelPicker aot_picker(const std::string& schedule, const std::string& target, const std::string& name) {
+  auto wrapped = std::make_shared<std::map<const AotVariant*, Kernels>>();
+  return [=](const Plan& plan) -> const Kernels& {
+    const AotVariant& v = aot_select(schedule, target, plan, name);
+    check_generic_vulkan_loops(v, plan);
+    auto it = wrapped->find(&v);
+    if (it == wrapped->end()) {
+      it = wrapped->emplace(&v, Kernels{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
+                                          v.device ? generated_device_kit(target) : nullptr}).first;
+    }
+    return it->second;
+  };
+}
+
+}  // namespace
+
+int64_t DeviceStepRunner::max_batch_partial_floats(const std::string& target) {
+  // Every batch's buffers within one device buffer and Halide's int32 indexing. (Halide 21's
+  // Vulkan runtime failed to allocate 2.2 GB on the H200: device_malloc_failed; so below 2^31
+  // bytes on both targets.)
+  int64_t most = (int64_t{1} << 29) - 16;
+  if (is_vulkan_target(target)) most = std::min(most, vulkan_max_buffer_floats());
+  return most;
+}
+
 DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& schedule,
                                    const std::map<std::string, std::string>& params)
-    : cache_(cache), schedule_(schedule) {
+    : cache_(cache) {
   std::map<std::string, std::string> knobs = params;
+  std::string name;
   if (auto it = knobs.find("variant"); it != knobs.end()) {
-    variant_name_ = it->second;
+    name = it->second;
     knobs.erase(it);
   }
   for (const auto& [k, v] : knobs) {
     if (k != "T") throw BackendError("--param " + k + ": the device step runs generated variants; only T and variant may be set");
     (void)v;
   }
-  PlanOptions o{tile_edges_of(checked_knobs(knobs))};
-  // Every batch's buffers within one device buffer and Halide's int32 indexing.
-  // (Halide 21's Vulkan runtime failed to allocate 2.2 GB on the H200: device_malloc_failed; so
-  // below 2^31 bytes on both targets.)
-  o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
-  if (is_vulkan_target(cache.target())) o.max_batch_partial_floats = std::min(o.max_batch_partial_floats, vulkan_max_buffer_floats());
-  // The KV heads planned at once: the step's host work is on the device's critical path.
-  o.parallel_heads = true;
-  planner_ = Planner(o);
   bool any = false;
   for (const auto& v : aot_variants()) any |= v.schedule == schedule && v.target == cache.target();
   if (!any) throw BackendError("device step: no generated kernel for schedule '" + schedule + "' and target '" + cache.target() + "'");
-  q_ = std::make_unique<DeviceArray>(storage_type(cache.shape().dtype), cache.array_spec());
+  pick_ = aot_picker(schedule, cache.target(), name);
+  PlanOptions o{tile_edges_of(checked_knobs(knobs))};
+  // The KV heads planned at once: the step's host work is on the device's critical path.
+  o.parallel_heads = true;
+  init(o);
+}
+
+DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, KernelPicker pick, PlanOptions options)
+    : cache_(cache), pick_(std::move(pick)) {
+  init(options);
+}
+
+void DeviceStepRunner::init(PlanOptions o) {
+  const int64_t most = max_batch_partial_floats(cache_.target());
+  o.max_batch_partial_floats = o.max_batch_partial_floats > 0 ? std::min(o.max_batch_partial_floats, most) : most;
+  planner_ = Planner(o);
+  q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
 }
 
 DeviceStepRunner::~DeviceStepRunner() = default;
 
 void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
-  timing_ = StepTiming{};
   auto t = clock_type::now();
   const DeviceCacheShape& cs = cache_.shape();
   InputsView in;
@@ -526,16 +594,33 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   in.causal = s.causal;
   in.softmax_scale = s.softmax_scale;
   const Plan& plan = check_block_tables ? planner_.plan(in) : planner_.plan_checked_tables(in);
-  const AotVariant& v = aot_select(schedule_, cache_.target(), plan, variant_name_);
-  check_generic_vulkan_loops(v, plan);
-  variant_ = v.name;
+  const Kernels& k = pick_(plan);  // before the timing: a refused variant is a planning error
+  const double plan_ms = ms_since(t);
+  prepare_with(plan, k, s.q);
+  timing_.plan_ms = plan_ms;
+  launch();
+}
+
+void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) { prepare_with(plan, pick_(plan), q); }
+
+void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq) {
+  timing_ = StepTiming{};
+  auto t = clock_type::now();
+  if (kernels.device != cache_.device()) {
+    throw BackendError("device step: " + kernels.description + " runs on another device than the cache's (" + cache_.target() + ")");
+  }
+  if (plan.problem.dtype != cache_.shape().dtype) {
+    throw InputError("q", "dtype " + dtype_name(cache_.shape().dtype) + " (the cache's)", dtype_name(plan.problem.dtype));
+  }
+  plan_ = &plan;
+  kernels_ = &kernels;
+  // The variant's name (an AOT variant's description is "aot <name>").
+  variant_.assign(kernels.description, kernels.description.rfind("aot ", 0) == 0 ? 4 : 0);
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
-  timing_.plan_ms = ms_since(t);
-
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
-  halide_buffer_t* q = q_->upload(s.q.data, s.q.numel(), s.q.shape_vec(), &uploads_);
+  q_->upload(sq.data, sq.numel(), sq.shape_vec(), &uploads_);
   const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;
@@ -572,30 +657,46 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
+    bt.combine_part = bt.part.buffer();
+    if (nt == 0) {
+      // No tile: one tile of empty partials (every partial index is -1), so that the combine
+      // writes zeros and an empty LSE.
+      empty_.assign(static_cast<size_t>(T * p.qhead * C), 0.f);
+      mark_empty_partials(empty_.data(), T * p.qhead, C, p.D);
+      bt.combine_part = bt.empty.upload(empty_.data(), static_cast<int64_t>(empty_.size()), {1, T * p.qhead, C}, &uploads_);
+    }
     uploads_.flush();  // this batch's arrays (the next batch reuses the host ones)
   }
   uploads_.flush();
-  check(halide_device_sync(nullptr, q), "uploads (sync)");
+  check(halide_device_sync(nullptr, q_->buffer()), "uploads (sync)");
   timing_.upload_ms = ms_since(t);
+}
 
-  const std::string what = "aot " + v.name;
-  const AotKvWriteFn copy = S > 1 ? aot_kv_writer(cache_.target(), 32).write : nullptr;
+void DeviceStepRunner::launch() {
+  if (!plan_) throw BackendError("device step: launch() before prepare()");
+  auto t = clock_type::now();
+  const Plan& plan = *plan_;
+  const Kernels& k = *kernels_;
+  const Problem& p = plan.problem;
+  const int64_t S = cache_.segments(), nb = used_batches_;
+  halide_buffer_t* q = q_->buffer();
+  const KvWriteFn* copy = S > 1 ? &cache_.kit().writer(32) : nullptr;
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    int64_t done = 0;
     for (int64_t sg = 0; sg < S; ++sg) {
       SegmentTiles& st = *bt.seg[static_cast<size_t>(sg)];
       if (st.n == 0) continue;
       // One segment: straight into the batch's partials. Several: into the segment's own, then
       // copied into place by the scatter kernel (the partials as rows of 32-bit words).
       halide_buffer_t* part = S == 1 ? bt.part.buffer() : st.part.buffer();
-      check(v.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), st.head.buffer(), st.pages.buffer(),
+      check(k.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), st.head.buffer(), st.pages.buffer(),
                       st.query.buffer(), st.limit.buffer(), p.scale, part),
-            "forward of " + what);
+            "forward of " + k.description);
       if (S > 1) {
         const int32_t row_words = part->dim[1].extent * part->dim[0].extent;
+        // The segment's own tiles, not its padding.
         halide_dimension_t src_dims[3] = {{0, part->dim[0].extent, 1}, {0, part->dim[1].extent, part->dim[0].extent},
-                                          {0, part->dim[2].extent, row_words}};
+                                          {0, static_cast<int32_t>(st.n), row_words}};
         halide_buffer_t src = *part;
         src.type = halide_type_t(halide_type_uint, 32);
         src.dim = src_dims;
@@ -607,24 +708,15 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
         dst.type = src.type;
         dst.dim = dst_dims;
         dst.dimensions = 4;
-        check(copy(&src, st.to_tile.buffer(), st.zeros.buffer(), &dst), "placing a segment's partials");
+        check((*copy)(&src, st.to_tile.buffer(), st.zeros.buffer(), &dst), "placing a segment's partials");
       }
-      done += st.n;
-    }
-    bt.combine_part = bt.part.buffer();
-    if (done == 0) {
-      // No tile: one tile of empty partials (every partial index is -1), so that the combine
-      // writes zeros and an empty LSE.
-      std::vector<float> empty(static_cast<size_t>(T * p.qhead * C), 0.f);
-      mark_empty_partials(empty.data(), T * p.qhead, C, p.D);
-      bt.combine_part = bt.empty.upload(empty.data(), static_cast<int64_t>(empty.size()), {1, T * p.qhead, C});
     }
   }
   if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->combine_part), "forward (sync)");
   timing_.forward_ms = ms_since(t);
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    check(v.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + what);
+    check(k.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + k.description);
   }
   if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->out.buffer()), "combine (sync)");
   timing_.combine_ms = ms_since(t);
@@ -701,7 +793,8 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {
   auto t = clock_type::now();
-  const Problem& p = planner_.current().problem;
+  if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  const Problem& p = plan_->problem;
   check_outputs(out, p);
   if (p.Tq == 0) return;
   for (int64_t b = 0; b < used_batches_; ++b) {

@@ -12,10 +12,10 @@
 #include <limits>
 #include <sstream>
 
+#include "kvouter/device_cache.h"
 #include "kvouter/errors.h"
 #include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
-#include "kvouter/vulkan_readback.h"
 
 namespace kvouter::halide {
 
@@ -91,149 +91,49 @@ void run_timed(const KernelTiming& kt, bool warm, RepTimes& rt, const std::funct
   }
 }
 
-// A device-resident copy of a C-order array. Halide 21's Vulkan allocator corrupts or fails
-// buffers whose byte size is not a multiple of 64 (lavapipe; shared/notes/halide21-vulkan.md), and
-// a device crop is sized by the crop, so every device buffer is whole: its outermost dimension is
-// extended to a multiple of 16 (every float/int32 buffer is then a multiple of 64 bytes) and
-// zero-filled. The pipelines see the padded extents: padded queries, pages and tiles are never
-// referenced by real ones (a zero tile has limit 0: fully masked), and padded output rows are
-// dropped on the way back.
-// (16 rows of 4-byte elements, 32 of 2-byte ones.)
-int64_t pad_rows(int64_t n, int64_t element_bytes) {
-  const int64_t m = 64 / element_bytes;
-  return (std::max<int64_t>(n, 1) + m - 1) / m * m;
-}
-
-Buffer<void> device_raw(halide_type_t type, const void* data, std::vector<int64_t> shape, int64_t count,
-                        const halide_device_interface_t* dev) {
-  shape[0] = pad_rows(shape[0], type.bytes());
-  Buffer<void> b(type, halide_sizes(shape));
-  std::memset(b.data(), 0, b.size_in_bytes());
-  if (data) std::memcpy(b.data(), data, static_cast<size_t>(count) * type.bytes());
-  b.set_host_dirty();
-  if (b.copy_to_device(dev) != 0) {
-    throw BackendError("halide: allocating a device buffer of " + std::to_string(b.size_in_bytes()) +
-                       " bytes failed");
-  }
-  return b;
-}
-
-template <class T>
-Buffer<T> device_array(const T* data, std::vector<int64_t> shape, int64_t count, const halide_device_interface_t* dev) {
-  return Buffer<T>(device_raw(halide_type_of<T>(), data, std::move(shape), count, dev));
-}
-
-template <class T>
-void download(Buffer<T>& b, T* dst, int64_t count, const Kernels& k) {
-  // Vulkan: through host-cached memory (kvouter/vulkan_readback.h); elsewhere Halide's copy.
-  if (vulkan_read_device(b.raw_buffer(), count * static_cast<int64_t>(sizeof(T)), dst)) return;
-  check_rc(b.copy_to_host(), "copying results back", k);
-  std::copy(b.data(), b.data() + count, dst);
-}
-
-// The K/V pages the plan's tiles reference, gathered into a compact pool (tile_pages renumbered):
-// the device holds only what the kernels can read, so a cache larger than one storage-buffer
-// binding (4 GiB on the H200, 128 MiB on lavapipe) still runs when its selected pages fit.
-struct CompactPages {
-  std::vector<uint8_t> k, v;  // pages in the storage dtype
-  std::vector<int32_t> tile_pages;
-  int64_t pages = 0;
-};
-
-CompactPages compact_pages(const InputsView& in, const TileSet& ts) {
-  CompactPages c;
-  const int64_t page_bytes = in.k_pages.numel() / std::max<int64_t>(in.k_pages.shape[0], 1) * in.k_pages.element_bytes();
-  std::vector<int32_t> remap(static_cast<size_t>(in.k_pages.shape[0]), -1);
-  c.tile_pages = ts.tile_pages;
-  for (int32_t& pg : c.tile_pages) {
-    if (pg < 0) continue;
-    int32_t& r = remap[static_cast<size_t>(pg)];
-    if (r < 0) r = static_cast<int32_t>(c.pages++);
-    pg = r;
-  }
-  c.k.resize(static_cast<size_t>(std::max<int64_t>(c.pages, 1) * page_bytes));
-  c.v.resize(c.k.size());
-  const auto* ks = static_cast<const uint8_t*>(in.k_pages.data);
-  const auto* vs = static_cast<const uint8_t*>(in.v_pages.data);
-  for (size_t pg = 0; pg < remap.size(); ++pg) {
-    if (remap[pg] < 0) continue;
-    const int64_t src = static_cast<int64_t>(pg) * page_bytes, dst = int64_t{remap[pg]} * page_bytes;
-    std::memcpy(c.k.data() + dst, ks + src, static_cast<size_t>(page_bytes));
-    std::memcpy(c.v.data() + dst, vs + src, static_cast<size_t>(page_bytes));
-  }
-  c.pages = std::max<int64_t>(c.pages, 1);
-  return c;
-}
-
+// A GPU run as an engine makes it (kvouter/device_cache.h): the case's pool as a device cache,
+// with the pages the plan's tiles read written in place (page ids kept: nothing is compacted);
+// then the step runner's uploads, the kernels as `kt` asks, and the read-back of out/lse. The
+// cache, the page writes, the uploads and the read-back are the run's transfer time.
 void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& res,
                    RunTiming* timing, const KernelTiming& kt) {
+  if (!kernels.kit) throw BackendError("halide: " + kernels.description + " runs on a device, but has no device kit");
   const Problem& p = plan.problem;
-  const TileSet& ts = plan.tiles;
-  const halide_device_interface_t* dev = kernels.device;
-  const int64_t C = p.D + layout::kPartialExtra;
   using clock = std::chrono::steady_clock;
-  double xfer = 0;
-  RepTimes rt;
   auto t = clock::now();
-  auto lap = [&t](double& into) {
-    const auto now = clock::now();
-    into += ms_between(t, now);
-    t = now;
-  };
-
-  CompactPages pool = compact_pages(in, ts);
-  std::vector<int64_t> kv_shape = in.k_pages.shape_vec();
-  kv_shape[0] = pool.pages;
-  const halide_type_t st = storage_type(in.q.dtype);
-  auto q = device_raw(st, in.q.ptr(), in.q.shape_vec(), in.q.numel(), dev);
-  auto k = device_raw(st, pool.k.data(), kv_shape, static_cast<int64_t>(pool.k.size()) / st.bytes(), dev);
-  auto v = device_raw(st, pool.v.data(), kv_shape, static_cast<int64_t>(pool.v.size()) / st.bytes(), dev);
-  lap(xfer);
-  for (int64_t b = 0; b < ts.batches(); ++b) {
-    const auto [t0, t1, tb, te] = ts.batch(b, p.Tq);
-    if (t1 <= t0) continue;
-    const bool any = te > tb;
-    const int64_t nt = any ? te - tb : 1, T = any ? ts.T : 1;
-    auto head = device_array(any ? ts.tile_head.data() + tb : nullptr, {nt}, nt, dev);
-    auto pages = device_array(any ? pool.tile_pages.data() + tb * ts.ppb : nullptr, {nt, ts.ppb}, nt * ts.ppb, dev);
-    auto query = device_array(any ? ts.tile_query.data() + tb * T : nullptr, {nt, T}, nt * T, dev);
-    auto limit = device_array(any ? ts.tile_limit.data() + tb * T : nullptr, {nt, T}, nt * T, dev);
-    // The batch's partial_index, rebased to its own tiles.
-    std::vector<int32_t> pidx_host(ts.partial_index.begin() + t0 * p.Hkv * p.topk, ts.partial_index.begin() + t1 * p.Hkv * p.topk);
-    for (int32_t& x : pidx_host) {
-      if (x >= 0) x = static_cast<int32_t>(x - tb * ts.T);
-    }
-    auto pidx = device_array(pidx_host.data(), {t1 - t0, p.Hkv, p.topk}, static_cast<int64_t>(pidx_host.size()), dev);
-    // The partials stay on the device between the two kernels. With no tile, one empty edge.
-    std::vector<float> empty;
-    if (!any) {
-      empty.assign(static_cast<size_t>(p.qhead * C), 0.f);
-      for (int64_t l = 0; l < p.qhead; ++l) empty[static_cast<size_t>(l * C + p.D)] = layout::kMaskedScore;
-    }
-    auto part = device_array(any ? nullptr : empty.data(), {nt, T * p.qhead, C}, static_cast<int64_t>(empty.size()), dev);
-    auto out = device_array<float>(nullptr, {t1 - t0, p.Hq, p.D}, 0, dev);
-    auto lse = device_array<float>(nullptr, {t1 - t0, p.Hq}, 0, dev);
-    check_rc(q.device_sync(), "uploads (sync)", kernels);
-    lap(xfer);
-    run_timed(
-        kt, b == 0, rt,
-        [&] {
-          if (!any) return;
-          check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
-          check_rc(part.device_sync(), "forward (sync)", kernels);
-        },
-        [&] {
-          check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
-          check_rc(out.device_sync(), "combine (sync)", kernels);
-        });
-    t = clock::now();
-    download(out, res.out.ptr() + t0 * p.Hq * p.D, (t1 - t0) * p.Hq * p.D, kernels);
-    download(lse, res.lse.ptr() + t0 * p.Hq, (t1 - t0) * p.Hq, kernels);
-    lap(xfer);
+  double xfer = 0;
+  DeviceKvCache cache(kernels.kit, {std::max<int64_t>(p.num_pages, 1), p.Hkv, p.page_size, p.D, p.dtype});
+  std::vector<int32_t> pages;  // each page a tile reads, once
+  std::vector<uint8_t> seen(static_cast<size_t>(p.num_pages), 0);
+  for (const int32_t pg : plan.tiles.tile_pages) {
+    if (pg < 0 || seen[static_cast<size_t>(pg)]) continue;
+    seen[static_cast<size_t>(pg)] = 1;
+    pages.push_back(pg);
   }
+  if (!pages.empty()) {
+    cache.write_pool_pages(TensorView<const int32_t>(pages.data(), {static_cast<int64_t>(pages.size())}), in.k_pages,
+                           in.v_pages);
+  }
+  DeviceStepRunner runner(cache, [&kernels](const Plan&) -> const Kernels& { return kernels; }, PlanOptions{});
+  runner.prepare(plan, in.q);
+  xfer += ms_between(t, clock::now());
+  if (kt.warmup_ms > 0) {
+    const auto w0 = clock::now();
+    do {
+      runner.launch();
+    } while (ms_between(w0, clock::now()) < kt.warmup_ms);
+  }
+  RepTimes rt;
+  for (int r = 0; r < std::max(kt.reps, 1); ++r) {
+    runner.launch();
+    rt.fwd.push_back(runner.timing().forward_ms);
+    rt.comb.push_back(runner.timing().combine_ms);
+  }
+  t = clock::now();
+  runner.read_outputs(res);
+  xfer += ms_between(t, clock::now());
   rt.into(timing);
   timing->transfer_ms = xfer;
-  finish_lse(res.lse);
 }
 
 }  // namespace

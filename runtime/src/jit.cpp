@@ -97,6 +97,31 @@ Halide::Callable compile_generator(const Halide::Target& t, const std::string& g
   return p.compile_to_callable(args, t);
 }
 
+// The device cache's writers (generators/kvouter_kv_write) compiled for a JIT Vulkan target, once
+// per target: the JIT's kernels read buffers of the JIT's own Vulkan runtime, so the cache they
+// read is written by kernels of that runtime too.
+std::shared_ptr<const DeviceKit> jit_device_kit(const Halide::Target& target, const halide_device_interface_t* dev) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const DeviceKit>> kits;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& kit = kits[target.to_string()];
+  if (!kit) {
+    // Freed device allocations are returned, not kept for reuse: Halide 21's Vulkan allocator
+    // handed a kept region's smaller buffer object to a new allocation (docs/vulkan.md limit 15).
+    Halide::Internal::JITSharedRuntime::reuse_device_allocations(false);
+    auto writer = [&target](int bits) -> KvWriteFn {
+      // 16-bit elements need the target's 16-bit integers (as storage_target adds them).
+      const Halide::Target t = bits == 16 ? target.with_feature(Halide::Target::VulkanInt16) : target;
+      Halide::Callable w = Halide::create_callable_from_generator(t, "kvouter_kv_write", {{"bits", std::to_string(bits)}});
+      return [w](halide_buffer_t* rows, halide_buffer_t* page, halide_buffer_t* slot, halide_buffer_t* pool) {
+        return w(rows, page, slot, pool);
+      };
+    };
+    kit = std::make_shared<const DeviceKit>(DeviceKit{target.to_string(), dev, writer(32), writer(16)});
+  }
+  return kit;
+}
+
 std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   Halide::Target target = to_target(req.target);
@@ -143,7 +168,15 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                        "} for " + target.to_string() + " failed: " + e.what());
   }
   ck->kernels.description = "jit " + req.key();
-  if (vulkan) ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
+  if (vulkan) {
+    ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
+    try {
+      ck->kernels.kit = jit_device_kit(target, ck->kernels.device);
+    } catch (const Halide::Error& e) {
+      throw BackendError("jit: compiling the device cache's writer (kvouter_kv_write) for " + target.to_string() +
+                         " failed: " + e.what());
+    }
+  }
   ck->target = target.to_string();
   ck->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return ck;

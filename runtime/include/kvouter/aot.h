@@ -45,6 +45,9 @@ struct AotKvWriter {
 void aot_register_kv_writer(const AotKvWriter& w);
 // Throws BackendError when none was generated for (target, bits).
 const AotKvWriter& aot_kv_writer(const std::string& target, int bits);
+// The generated writers of a GPU target (host-vulkan, host-cuda) as its device kit, after the
+// device checks (BackendError without such a device, or for another target).
+std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target);
 
 // On a CPU Vulkan device (lavapipe), refuses a generic Vulkan variant whose loops would pass the
 // device's per-invocation limit (its results would be silently wrong).

@@ -4,6 +4,10 @@
 // uploads only q, the plan's arrays and the query's partial index, runs forward and combine on
 // device buffers, and reads out/lse back only when asked. Nothing is compacted per step.
 //
+// Every GPU run goes through these two classes: the 'aot' and 'jit' backends' GPU kernels too
+// (halide_kernels.cpp), with the kernels and writers of their own runtime (a DeviceKit), so that
+// `kvouter run`, the benchmarks, the sweeps and the tuner run the engine's path.
+//
 // A pool larger than one device buffer (the device's storage-buffer limit, or 2^31 bytes, the most
 // Halide 21 addresses without large_buffers) is held in segments of whole pages. A step then runs
 // the forward once per segment that its tiles reach, each over its tiles with the other segments'
@@ -20,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "kvouter/backend.h"
+#include "kvouter/halide_kernels.h"
 #include "kvouter/vulkan_readback.h"
 #include "kvouter/plan.h"
 
@@ -73,18 +79,23 @@ class UploadBatch {
 
 class DeviceArray {
  public:
-  DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging = true);
+  // whole_rows: every view's outermost extent is padded to whole 64-byte lines of rows (16 rows of
+  // 4-byte elements), zeros where uploaded: the step runner's arrays, as the kernels need them
+  // (Halide 21's Vulkan allocator, and the schedules that size intermediates by these extents;
+  // docs/vulkan.md limits 1, 2 and 15). A download copies the unpadded rows.
+  DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging = true, bool whole_rows = false);
   ~DeviceArray();
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
 
-  // A view of `shape` (C order), growing the allocation (its contents lost) when it is too small.
+  // A view of `shape` (C order; its outermost extent padded with whole_rows), growing the
+  // allocation (its contents lost) when it is too small.
   halide_buffer_t* view(const std::vector<int64_t>& shape);
   // view(shape), with `count` elements from `data` copied to the device (the rest zero): at once,
   // or, given a batch, at the batch's flush().
   halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
                           UploadBatch* batch = nullptr);
-  // Copies the view's elements back into `dst`.
+  // Copies the view's elements (without padding rows) back into `dst`.
   void download(void* dst);
   halide_buffer_t* buffer() { return &view_; }
   int64_t capacity_bytes() const { return capacity_; }
@@ -100,7 +111,10 @@ class DeviceArray {
   halide_type_t type_;
   DeviceArraySpec spec_;
   bool staging_;
+  bool whole_rows_;
   bool pinned_ = false;
+  int64_t elements_ = 0;  // the view's elements before padding
+  std::vector<int64_t> shape_;  // the view's shape after padding (reused)
   std::vector<uint8_t> host_;
   int64_t capacity_ = 0;
   halide_buffer_t alloc_{};    // the allocation (1-D, capacity bytes)
@@ -114,12 +128,17 @@ class DeviceKvCache {
   // target: "host-vulkan" or "host-cuda". segment_pages: pages per device buffer; 0 = as many as
   // one buffer holds. Throws BackendError without a device of that kind, InputError on a bad shape.
   DeviceKvCache(const std::string& target, const DeviceCacheShape& shape, int64_t segment_pages = 0);
+  // The same on a kit's device, with its writers (a JIT-compiled kit: the JIT's kernels read it).
+  DeviceKvCache(std::shared_ptr<const DeviceKit> kit, const DeviceCacheShape& shape, int64_t segment_pages = 0);
   ~DeviceKvCache();
   DeviceKvCache(const DeviceKvCache&) = delete;
   DeviceKvCache& operator=(const DeviceKvCache&) = delete;
 
   // Whole pages: pages[i] gets k[i] and v[i], each [n, Hkv, page_size, D] in the cache's dtype.
   void write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v);
+  // Pages of host pools: page pages[i] of k_pool and v_pool ([P, Hkv, page_size, D] each, P the
+  // cache's page count) to the same page of the cache.
+  void write_pool_pages(const TensorView<const int32_t>& pages, const StorageView& k_pool, const StorageView& v_pool);
   // One position per row: (pages[i], slots[i]) gets k[i] and v[i], each [n, Hkv, D]. A position
   // written twice in one call is an InputError (the scatter would race).
   void write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
@@ -138,6 +157,7 @@ class DeviceKvCache {
   const DeviceArraySpec& array_spec() const { return spec_; }
   halide_buffer_t* v_segment(int64_t s) { return &v_[static_cast<size_t>(s)].typed; }
   const halide_device_interface_t* device() const { return dev_; }
+  const DeviceKit& kit() const { return *kit_; }
   // The most pages one segment may hold for this shape on this target.
   static int64_t max_segment_pages(const std::string& target, const DeviceCacheShape& shape);
 
@@ -149,18 +169,23 @@ class DeviceKvCache {
     int64_t pages = 0;
   };
   void check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
-                  int64_t rows_per_page) const;
+                  int64_t rows_per_page, int64_t n_src) const;
+  // Pages [n, Hkv, page_size, D] to rows and on to the device: page i of k/v (or page src[i]) to
+  // page pages[i].
+  void write_page_rows(const TensorView<const int32_t>& pages, const int32_t* src, const StorageView& k,
+                       const StorageView& v);
   // n rows of Hkv x D elements to (row_page[i], row_slot[i]), each segment's in calls of at most
   // kMaxRowsPerCall rows.
   void scatter(int64_t n, const int32_t* row_page, const int32_t* row_slot, const uint8_t* k_rows, const uint8_t* v_rows);
   int64_t first_repeat(const int32_t* pages, const int32_t* slots, int64_t n);
   void write_segment(int64_t s, int64_t n, const int32_t* page, const int32_t* slot, const uint8_t* k, const uint8_t* v);
+  std::shared_ptr<const DeviceKit> kit_;
   std::string target_;
   DeviceCacheShape shape_;
   int64_t segment_pages_ = 0;
   const halide_device_interface_t* dev_ = nullptr;
   DeviceArraySpec spec_;
-  int (*writer_)(halide_buffer_t*, halide_buffer_t*, halide_buffer_t*, halide_buffer_t*) = nullptr;
+  KvWriteFn writer_;
   std::vector<Segment> k_, v_;
   std::unique_ptr<DeviceArray> rows_, row_page_, row_slot_;
   // Reused across calls: a write_pages call's rows, and a call's rows of one segment.
@@ -191,32 +216,53 @@ struct StepTiming {
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
 };
 
+// The kernels for a plan (the runner calls it once per step; what it returns stays valid while
+// the picker lives).
+using KernelPicker = std::function<const Kernels&(const Plan&)>;
+
 class DeviceStepRunner {
  public:
   // An AOT schedule generated for the cache's target (halide::aot_select picks the variant per
   // plan; params as for the aot backend: T, variant).
   DeviceStepRunner(DeviceKvCache& cache, const std::string& schedule, const std::map<std::string, std::string>& params = {});
+  // Any kernels on the cache's device (the JIT's, or one AOT variant), with the runner's planner
+  // planning as `options` says (with options.max_batch_partial_floats 0: the device's limit).
+  DeviceStepRunner(DeviceKvCache& cache, KernelPicker pick, PlanOptions options);
   ~DeviceStepRunner();
 
   // Plans (reading no K/V; with check_block_tables false the table entries are trusted, as
-  // Planner::plan_checked_tables) and runs one step. out/lse stay on the device.
+  // Planner::plan_checked_tables) and runs one step: prepare(), then launch(). out/lse stay on
+  // the device.
   void step(const StepInputs& in, bool check_block_tables = true);
+  // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
+  // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...
+  void prepare(const Plan& plan, const StorageView& q);
+  // ... then runs forward and combine on them, again at every call (timing().forward_ms, combine_ms).
+  void launch();
   // Reads the last step's outputs into `out` ([Tq, Hq, D] and [Tq, Hq], SPEC's -inf for empty rows).
   void read_outputs(const OutputsView& out);
   const StepTiming& timing() const { return timing_; }
-  const Plan& plan() const { return planner_.current(); }
+  const Plan& plan() const { return *plan_; }
   const std::string& variant() const { return variant_; }
+  // The largest query batch's partials a plan for this cache's device may hold (PlanOptions).
+  static int64_t max_batch_partial_floats(const std::string& target);
 
  private:
   struct Batch;
+  void init(PlanOptions options);
+  void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q);
   void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
   DeviceKvCache& cache_;
-  std::string schedule_, variant_name_, variant_;
+  KernelPicker pick_;
+  std::string variant_;
   Planner planner_;
+  const Plan* plan_ = nullptr;     // the last prepared plan
+  const Kernels* kernels_ = nullptr;  // its kernels
   StepTiming timing_;
   std::vector<std::unique_ptr<Batch>> batches_;
   int64_t used_batches_ = 0;
   std::unique_ptr<DeviceArray> q_;
+  std::vector<float> empty_;  // a batch with no tile: its one tile of empty partials
   UploadBatch uploads_;   // a step's uploads, one submission per query batch
   uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
   // Host scratch, reused across steps.

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "kvouter/backend.h"
@@ -20,13 +21,28 @@ using ForwardFn = std::function<int(halide_buffer_t* q, halide_buffer_t* k_pages
 using CombineFn = std::function<int(halide_buffer_t* partials, halide_buffer_t* partial_index,
                                     halide_buffer_t* out, halide_buffer_t* lse)>;
 
+// The device cache's in-place writer (generators/kvouter_kv_write): (rows, row_page, row_slot, pool).
+using KvWriteFn = std::function<int(halide_buffer_t* rows, halide_buffer_t* row_page, halide_buffer_t* row_slot,
+                                    halide_buffer_t* pool)>;
+
+// A GPU target's device, with the device cache's writers compiled for it (AOT-generated or
+// JIT-compiled, from the same runtime as the kernels that read the cache).
+struct DeviceKit {
+  std::string target;  // host-vulkan or host-cuda (with or without features)
+  const halide_device_interface_t* dev = nullptr;
+  KvWriteFn write32, write16;  // per element size
+  const KvWriteFn& writer(int bits) const { return bits == 16 ? write16 : write32; }
+};
+
 struct Kernels {
   ForwardFn forward;
   CombineFn combine;
   std::string description;  // variant name, for errors
-  // The device the kernels run on (Vulkan), or nullptr for host kernels. Device buffers are
-  // padded to a multiple of 64 bytes (Halide 21's Vulkan allocator, docs/vulkan.md limits 1 and 2).
+  // The device the kernels run on (Vulkan, CUDA), or nullptr for host kernels.
   const halide_device_interface_t* device = nullptr;
+  // With a device: its kit. The kernels then run through the device cache and step runner
+  // (kvouter/device_cache.h), as an engine calls them.
+  std::shared_ptr<const DeviceKit> kit;
 };
 
 // Shape constants a variant may be specialised on (0 = generic).
