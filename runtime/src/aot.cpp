@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kvouter/cuda_probe.h"
+#include "kvouter/device_cache.h"
 #include "kvouter/errors.h"
 #include "kvouter/vulkan_probe.h"
 
@@ -103,10 +104,10 @@ class AotBackend final : public Backend {
   }
   PlanOptions plan_options() const override {
     PlanOptions o{tile_edges_of(knobs_)};
-    if (is_vulkan_target(target_)) o.max_batch_partial_floats = vulkan_max_buffer_floats();
-    // CUDA: no binding limit; batches keep every buffer below 2^31 bytes (2^29 floats), the most
-    // Halide allocates without its large_buffers feature.
-    if (is_cuda_target(target_)) o.max_batch_partial_floats = (int64_t{1} << 29) - 16;
+    // GPU targets: batches whose arrays the step runner can hold (kvouter/device_cache.h).
+    if (is_vulkan_target(target_) || is_cuda_target(target_)) {
+      o.max_batch_partial_floats = DeviceStepRunner::max_batch_partial_floats(target_);
+    }
     return o;
   }
   Outputs run(const Plan& plan, const InputsView& in) override {

@@ -529,9 +529,11 @@ int64_t DeviceStepRunner::max_batch_partial_floats(const std::string& target) {
   // Every batch's buffers within one device buffer and Halide's int32 indexing. (Halide 21's
   // Vulkan runtime failed to allocate 2.2 GB on the H200: device_malloc_failed; so below 2^31
   // bytes on both targets.)
+  // Less 2^20 floats: the runner pads a batch's tiles to 16 (DeviceArray's whole_rows), and a
+  // padded array must still fit (gpu-prefill's batches, planned to the limit itself, did not).
   int64_t most = (int64_t{1} << 29) - 16;
   if (is_vulkan_target(target)) most = std::min(most, vulkan_max_buffer_floats());
-  return most;
+  return most - (int64_t{1} << 20);
 }
 
 DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& schedule,

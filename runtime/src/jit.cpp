@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "kvouter/device_cache.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_alloc.h"
 #include "kvouter/spirv_stage.h"
@@ -213,7 +214,10 @@ class JitBackend final : public Backend {
   std::map<std::string, std::string> params() const override { return knobs_; }
   PlanOptions plan_options() const override {
     PlanOptions o{tile_edges_of(knobs_)};
-    if (to_target(target_).has_feature(Halide::Target::Vulkan)) o.max_batch_partial_floats = vulkan_max_buffer_floats();
+    // Vulkan: batches whose arrays the step runner can hold (kvouter/device_cache.h).
+    if (to_target(target_).has_feature(Halide::Target::Vulkan)) {
+      o.max_batch_partial_floats = DeviceStepRunner::max_batch_partial_floats(target_);
+    }
     return o;
   }
   Outputs run(const Plan& plan, const InputsView& in) override {
