@@ -52,6 +52,16 @@ void check(int rc, const std::string& what) {
   if (rc != 0) throw BackendError("device cache: " + what + " failed with code " + std::to_string(rc));
 }
 
+// Device calls through the interface's own entry points (those of the runtime that made it: the
+// generated kernels' runtime, or libHalide's for the JIT), never this program's global
+// halide_device_* symbols: a program that only JITs links no Halide runtime of its own (the
+// fuzzers), and a JIT buffer belongs to libHalide's runtime.
+int dev_malloc(halide_buffer_t* b, const halide_device_interface_t* d) { return d->device_malloc(nullptr, b, d); }
+int dev_free(halide_buffer_t* b) { return b->device_interface->device_free(nullptr, b); }
+int dev_sync(halide_buffer_t* b) { return b->device_interface->device_sync(nullptr, b); }
+int to_device(halide_buffer_t* b, const halide_device_interface_t* d) { return d->copy_to_device(nullptr, b, d); }
+int to_host(halide_buffer_t* b) { return b->device_interface->copy_to_host(nullptr, b); }
+
 halide_type_t bits_type(Dtype t) { return halide_type_t(halide_type_uint, static_cast<uint8_t>(8 * dtype_bytes(t))); }
 
 // `bytes` bytes at offset 0 of a device allocation, with `host` as their host memory: the view
@@ -104,7 +114,7 @@ void DeviceArray::set_fast_transfers(bool on) { fast_transfers_ = on; }
 
 DeviceArray::~DeviceArray() {
   if (pinned_) cuda_unpin(host_.data());
-  if (alloc_.device) halide_device_free(nullptr, &alloc_);
+  if (alloc_.device) dev_free(&alloc_);
 }
 
 void DeviceArray::reserve(int64_t bytes) {
@@ -116,7 +126,7 @@ void DeviceArray::reserve(int64_t bytes) {
     throw BackendError("device cache: a device array of " + std::to_string(bytes) + " bytes exceeds " +
                        std::to_string(most) + " (one storage buffer of the device, or Halide's int32 addressing)");
   }
-  if (alloc_.device) check(halide_device_free(nullptr, &alloc_), "freeing an outgrown device array");
+  if (alloc_.device) check(dev_free(&alloc_), "freeing an outgrown device array");
   // Never past what one descriptor may bind: Halide binds the whole allocation.
   const int64_t grown =
       std::min(most / 64 * 64, std::max({bytes, round64(capacity_ + capacity_ / 2), kMinArrayBytes}));
@@ -127,7 +137,7 @@ void DeviceArray::reserve(int64_t bytes) {
   alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
   alloc_.dimensions = 1;
   alloc_.dim = &alloc_dim_;
-  check(halide_device_malloc(nullptr, &alloc_, spec_.dev), "allocating " + std::to_string(grown) + " device bytes");
+  check(dev_malloc(&alloc_, spec_.dev), "allocating " + std::to_string(grown) + " device bytes");
   capacity_ = grown;
   if (staging_) {
     host_.assign(static_cast<size_t>(grown), 0);
@@ -191,7 +201,7 @@ void DeviceArray::upload_now(const void* data, int64_t count) {
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_host_dirty(true);
-  check(halide_copy_to_device(nullptr, &raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
+  check(to_device(&raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
 }
 
 void DeviceArray::download(void* dst) {
@@ -200,7 +210,7 @@ void DeviceArray::download(void* dst) {
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_device_dirty(true);
-  check(halide_copy_to_host(nullptr, &raw), "reading back " + std::to_string(bytes) + " bytes");
+  check(to_host(&raw), "reading back " + std::to_string(bytes) + " bytes");
   host_copy(dst, host_.data(), bytes);
 }
 
@@ -258,7 +268,7 @@ DeviceKvCache::DeviceKvCache(std::shared_ptr<const DeviceKit> kit, const DeviceC
       g.bits.type = bits_type(shape.dtype);
       g.bits.dimensions = 4;
       g.bits.dim = g.dims;
-      check(halide_device_malloc(nullptr, &g.bits, dev_), "allocating a K/V segment of " + std::to_string(alloc_pages * page_bytes) + " bytes");
+      check(dev_malloc(&g.bits, dev_), "allocating a K/V segment of " + std::to_string(alloc_pages * page_bytes) + " bytes");
       g.dims[3].extent = static_cast<int32_t>(g.pages);
       g.typed = g.bits;
       g.typed.type = storage_type(shape.dtype);
@@ -290,7 +300,7 @@ DeviceKvCache::DeviceKvCache(std::shared_ptr<const DeviceKit> kit, const DeviceC
       check(writer_(rows, rp, rs, &v_[static_cast<size_t>(s)].bits), "clearing the V pool");
     }
   }
-  check(halide_device_sync(nullptr, &k_.front().bits), "clearing the pools (sync)");
+  check(dev_sync(&k_.front().bits), "clearing the pools (sync)");
 }
 
 DeviceKvCache::~DeviceKvCache() {
@@ -299,7 +309,7 @@ DeviceKvCache::~DeviceKvCache() {
   row_slot_.reset();
   for (auto* pool : {&k_, &v_}) {
     for (Segment& g : *pool) {
-      if (g.bits.device) halide_device_free(nullptr, &g.bits);
+      if (g.bits.device) dev_free(&g.bits);
     }
   }
 }
@@ -429,7 +439,7 @@ void DeviceKvCache::scatter(int64_t n, const int32_t* row_page, const int32_t* r
                     seg_v_.data());
     }
   }
-  check(halide_device_sync(nullptr, rows_->buffer()), "writing rows (sync)");
+  check(dev_sync(rows_->buffer()), "writing rows (sync)");
 }
 
 void DeviceKvCache::write_segment(int64_t s, int64_t n, const int32_t* page, const int32_t* slot, const uint8_t* k,
@@ -469,7 +479,7 @@ void DeviceKvCache::read_pages(const TensorView<const int32_t>& pages, void* k_o
       halide_dimension_t d;
       halide_buffer_t raw = byte_view(host.data(), g.bits, &d, g.pages * page_bytes);
       raw.set_device_dirty(true);
-      check(halide_copy_to_host(nullptr, &raw), "reading a segment back");
+      check(to_host(&raw), "reading a segment back");
       for (int64_t i = 0; i < n; ++i) {
         if (pages.data[i] < lo || pages.data[i] >= lo + g.pages) continue;
         std::memcpy(static_cast<uint8_t*>(out) + i * page_bytes, host.data() + (pages.data[i] - lo) * page_bytes,
@@ -670,7 +680,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
     uploads_.flush();  // this batch's arrays (the next batch reuses the host ones)
   }
   uploads_.flush();
-  check(halide_device_sync(nullptr, q_->buffer()), "uploads (sync)");
+  check(dev_sync(q_->buffer()), "uploads (sync)");
   timing_.upload_ms = ms_since(t);
 }
 
@@ -714,13 +724,13 @@ void DeviceStepRunner::launch() {
       }
     }
   }
-  if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->combine_part), "forward (sync)");
+  if (nb > 0) check(dev_sync(batches_[0]->combine_part), "forward (sync)");
   timing_.forward_ms = ms_since(t);
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
     check(k.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + k.description);
   }
-  if (nb > 0) check(halide_device_sync(nullptr, batches_[0]->out.buffer()), "combine (sync)");
+  if (nb > 0) check(dev_sync(batches_[0]->out.buffer()), "combine (sync)");
   timing_.combine_ms = ms_since(t);
 }
 
