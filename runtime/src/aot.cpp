@@ -119,8 +119,7 @@ class AotBackend final : public Backend {
     const AotVariant& v = aot_select(schedule_, target_, plan, variant_);
     last_variant_ = v.name;
     check_generic_vulkan_loops(v, plan);
-    Kernels k{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
-              v.device ? generated_device_kit(target_) : nullptr};
+    const Kernels k = aot_kernels(v);
     timing_.compile_ms = 0;
     try {
       run_kernels(k, plan, in, out, &timing_, kernel_timing_);
@@ -176,6 +175,11 @@ std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target)
     kit = std::make_shared<const DeviceKit>(DeviceKit{target, w32.device(), w32.write, w16.write});
   }
   return kit;
+}
+
+Kernels aot_kernels(const AotVariant& v) {
+  return {v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
+          v.device ? generated_device_kit(v.target) : nullptr};
 }
 
 void set_aot_error_source(std::string (*source)()) { error_source = source; }

@@ -146,24 +146,22 @@ void DeviceArray::reserve(int64_t bytes) {
 }
 
 halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& given) {
-  int64_t n = 1;
-  for (int64_t e : given) n *= std::max<int64_t>(e, 0);
-  elements_ = n;
-  std::vector<int64_t>& shape = shape_;
-  shape = given;
-  if (whole_rows_ && !shape.empty()) {
+  elements_ = 1;
+  for (int64_t e : given) elements_ *= std::max<int64_t>(e, 0);
+  shape_ = given;
+  if (whole_rows_ && !shape_.empty()) {
     const int64_t m = std::max<int64_t>(64 / type_.bytes(), 1);
-    shape[0] = (std::max<int64_t>(shape[0], 1) + m - 1) / m * m;
-    n = 1;
-    for (int64_t e : shape) n *= std::max<int64_t>(e, 0);
+    shape_[0] = (std::max<int64_t>(shape_[0], 1) + m - 1) / m * m;
   }
+  int64_t n = 1;
+  for (int64_t e : shape_) n *= std::max<int64_t>(e, 0);
   reserve(n * type_.bytes());
   view_ = halide_buffer_t{};
   view_.type = type_;
   view_.device = alloc_.device;
   view_.device_interface = alloc_.device_interface;
   view_.host = staging_ ? host_.data() : nullptr;
-  view_.dimensions = set_dims(dims_, shape);
+  view_.dimensions = set_dims(dims_, shape_);
   view_.dim = dims_;
   return &view_;
 }
@@ -525,10 +523,7 @@ KernelPicker aot_picker(const std::string& schedule, const std::string& target, 
     const AotVariant& v = aot_select(schedule, target, plan, name);
     check_generic_vulkan_loops(v, plan);
     auto it = wrapped->find(&v);
-    if (it == wrapped->end()) {
-      it = wrapped->emplace(&v, Kernels{v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
-                                          v.device ? generated_device_kit(target) : nullptr}).first;
-    }
+    if (it == wrapped->end()) it = wrapped->emplace(&v, aot_kernels(v)).first;
     return it->second;
   };
 }

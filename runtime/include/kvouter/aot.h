@@ -49,6 +49,9 @@ const AotKvWriter& aot_kv_writer(const std::string& target, int bits);
 // device checks (BackendError without such a device, or for another target).
 std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target);
 
+// A variant as kernels the runtime runs (on a GPU target, with the target's generated device kit).
+Kernels aot_kernels(const AotVariant& v);
+
 // On a CPU Vulkan device (lavapipe), refuses a generic Vulkan variant whose loops would pass the
 // device's per-invocation limit (its results would be silently wrong).
 void check_generic_vulkan_loops(const AotVariant& v, const Plan& plan);
