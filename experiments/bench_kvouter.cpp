@@ -28,6 +28,7 @@
 #include "provenance.h"
 #include "registry.h"
 #include "roofline.h"
+#include "schedule_registry.h"
 
 namespace kx = kvouter::experiments;
 using namespace kvouter;
@@ -264,6 +265,10 @@ int main(int argc, char** argv) {
     }
     for (const BackendInfo* b : order) {
       for (const auto& sched : b->schedules()) {
+        // The host's rows only: a GPU schedule (its own benchmark is kvouter_gpu_bench) would
+        // only record its refusal of the host target.
+        const pipeline::ScheduleInfo* info = pipeline::find_schedule(sched);
+        if (info && info->device != "cpu") continue;
         BackendConfig cfg{b->name, sched, {}, ""};
         benchmark::RegisterBenchmark(("fwd+combine/" + b->name + "/" + sched + "/" + shape).c_str(),
                                      run_case, cfg, shape)

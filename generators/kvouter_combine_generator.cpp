@@ -18,6 +18,12 @@ class KvouterCombine : public Generator<KvouterCombine> {
   GeneratorParam<std::string> schedule{"schedule", "cpu_tiled"};
   GeneratorParam<int> head_dim{"D", 0};
   GeneratorParam<int> qhead{"qhead", 0};
+  // Edges per tile of the forward's partials (its T); 0 = from the buffers. Specialised, a partial
+  // index splits into (tile, edge) without a division. The autoscheduled twins take it from the
+  // buffers all the same: specialised, Anderson2021's Vulkan combine passes a bool kernel
+  // argument, which Halide 21 declares in a Uniform block (invalid SPIR-V; the validation layer
+  // says so on empty_rows).
+  GeneratorParam<int> tile_edge_count{"T", 0};
   GeneratorParam<int> vec{"vec", knob_defaults::vec};
   GeneratorParam<int> grain{"grain", knob_defaults::grain};
   // Estimates for the autoschedulers (see kvouter_forward).
@@ -37,7 +43,8 @@ class KvouterCombine : public Generator<KvouterCombine> {
     Var d = f.d, j = f.j, t = f.t, r = f.r;
     Expr D = head_dim > 0 ? Expr(int(head_dim)) : partials.dim(0).extent() - layout::kPartialExtra;
     Expr QH = qhead > 0 ? Expr(int(qhead)) : out.dim(1).extent() / partial_index.dim(1).extent();
-    Expr T = partials.dim(1).extent() / QH;  // edges per tile
+    const bool static_T = tile_edge_count > 0 && !using_autoscheduler();
+    Expr T = static_T ? Expr(int(tile_edge_count)) : partials.dim(1).extent() / QH;  // edges per tile
     Expr NP = T * partials.dim(2).extent();
     f.D = D;
     f.rk = RDom(0, partial_index.dim(0).extent(), "rk");
@@ -71,6 +78,7 @@ class KvouterCombine : public Generator<KvouterCombine> {
       partials.dim(0).set_bounds(0, int(head_dim) + layout::kPartialExtra);
       out.dim(0).set_bounds(0, int(head_dim));
     }
+    if (static_T && qhead > 0) partials.dim(1).set_bounds(0, int(tile_edge_count) * int(qhead));
     const int eD = head_dim > 0 ? int(head_dim) : 128;
     const int eQH = qhead > 0 ? int(qhead) : int(est_hq) / int(est_hkv);
     partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, 16 * eQH}, {0, std::max(1, int(est_partials) / 16)}});

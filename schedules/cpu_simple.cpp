@@ -35,15 +35,14 @@ void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
 
 void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  f.out.compute_root().parallel(f.t, 8, guard).vectorize(f.d, k.vec, guard);
-  // The (max m, sum w*l) statistics feed both outputs, so they are computed once, at root.
-  f.mmax.compute_root().parallel(f.t, 64, guard);
-  f.mmax.update().parallel(f.t, 64, guard);
-  f.lsum.compute_root().parallel(f.t, 64, guard);
-  f.lsum.update().parallel(f.t, 64, guard);
+  // One pass over a query's partials: per query, its statistics (max m, sum w*l) and then its
+  // weighted o rows, while the rows' lines are in cache; lse in the same loop (compute_with).
+  f.out.compute_root().parallel(f.t).vectorize(f.d, k.vec, guard);
+  f.lse.compute_root().parallel(f.t).compute_with(f.out, f.t);
+  f.mmax.compute_at(f.out, f.t);
+  f.lsum.compute_at(f.out, f.t);
   f.osum.compute_at(f.out, f.t).vectorize(f.d, k.vec, guard);
   f.osum.update().reorder(f.d, f.rk.x, f.j).vectorize(f.d, k.vec, guard);
-  f.lse.compute_root().parallel(f.t, 64, guard);
 }
 
 const ScheduleInfo::Axes& cpu_axes() {

@@ -103,7 +103,8 @@ int cmd_export(const std::vector<std::string>& a) {
                           " storage=" + dtype_name(spec.dtype);
   for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
   gen("kvouter_forward", name + "_fwd", fwd_extra + est_fwd);
-  gen("kvouter_combine", name + "_comb", " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);
+  gen("kvouter_combine", name + "_comb",
+      " T=" + std::to_string(spec.T) + " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);
   std::printf("exported %s_fwd and %s_comb (static library, header, .stmt, schedule) to %s\n", name.c_str(),
               name.c_str(), out.c_str());
   return 0;

@@ -277,11 +277,12 @@ void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in,
   if (kernels.device) return run_on_device(kernels, plan, in, res, timing, kt);
 
   const int64_t C = p.D + layout::kPartialExtra;
-  // Partials in the tile layout [tiles, T * qhead, C]. With no tile at all, one tile of one empty
-  // edge keeps the combine's buffers non-empty.
-  const int64_t tiles = std::max<int64_t>(ts.num_tiles, 1), T = ts.num_tiles > 0 ? ts.T : 1;
+  // Partials in the tile layout [tiles, T * qhead, C]. With no tile at all, one tile of empty
+  // edges keeps the combine's buffers non-empty (of the plan's T, which a combine may be
+  // specialised to).
+  const int64_t tiles = std::max<int64_t>(ts.num_tiles, 1), T = std::max<int64_t>(ts.T, 1);
   Tensor<float> partials({tiles, T * p.qhead, C});
-  if (ts.num_tiles == 0) mark_empty_partials(partials.data.data(), p.qhead, C, p.D);
+  if (ts.num_tiles == 0) mark_empty_partials(partials.data.data(), T * p.qhead, C, p.D);
 
   auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
   auto out = wrap(res.out.ptr(), res.out.shape_vec());

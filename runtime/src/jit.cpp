@@ -139,7 +139,8 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
   fwd["T"] = std::to_string(req.spec.T);  // the plan's T (the knob may say 0 = automatic)
   Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},
                                      {"D", std::to_string(req.spec.D)},
-                                     {"qhead", std::to_string(req.spec.qhead)}};
+                                     {"qhead", std::to_string(req.spec.qhead)},
+                                     {"T", std::to_string(req.spec.T)}};
   for (const char* k : {"vec", "grain"}) {
     if (req.knobs.count(k)) comb[k] = req.knobs.at(k);
   }
