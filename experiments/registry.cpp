@@ -139,8 +139,8 @@ void register_all_backends() {
 }
 
 const char* default_backend() { return "jit"; }
-// The fastest correct CPU schedule measured on SPEC prefill and decode: cpu_tiled, JIT 180 / 35.3
-// ms against cpu_rowstream's 308 / 49.7 (experiments/results/cpu_bench.json, 2026-12-02, 97411a3).
+// The fastest correct CPU schedule measured on SPEC prefill and decode: cpu_tiled, JIT 178 / 29.1
+// ms against cpu_rowstream's 254 / 41.2 (experiments/results/cpu_bench.json, 2026-12-02, 1b3dfd9).
 const char* default_cpu_schedule() { return "cpu_tiled"; }
 // The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the
 // SPIR-V stage on; per shape class the tuning database's entries take precedence):

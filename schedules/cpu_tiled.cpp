@@ -6,10 +6,10 @@
 //   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
 //     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
 //     accumulators stay in registers.
-// Measured 2026-12-02 (experiments/results/cpu_bench.json, run 97411a3; experiments/results/
-// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 197 ms, JIT 180 ms = 2.5x direct; decode
-// (T = 1) AOT 37.9 ms, JIT 35.3 ms = 1.5x direct, 45 % of the paged-read bound
-// (experiments/results/cpu/2026-12-01/decode.md).
+// Measured 2026-12-02 (experiments/results/cpu_bench.json, run 1b3dfd9; experiments/results/
+// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 163 ms, JIT 178 ms = 2.4-2.6x direct; decode
+// (T = 1) AOT 38.3 ms, JIT 29.1 ms = 1.5-1.9x direct, 55-72 % of the paged-read bound
+// (experiments/results/cpu/2026-12-02/combine.md says where the forward's time goes).
 #include "schedules.h"
 
 namespace kvouter::pipeline {
