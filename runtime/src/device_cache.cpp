@@ -621,8 +621,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   }
   plan_ = &plan;
   kernels_ = &kernels;
-  // The variant's name (an AOT variant's description is "aot <name>").
-  variant_.assign(kernels.description, kernels.description.rfind("aot ", 0) == 0 ? 4 : 0);
+  variant_ = kernels.name;
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);

@@ -170,6 +170,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                        "} for " + target.to_string() + " failed: " + e.what());
   }
   ck->kernels.description = "jit " + req.key();
+  ck->kernels.name = req.key();
   if (vulkan) {
     ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
     try {

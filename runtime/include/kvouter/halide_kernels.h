@@ -43,6 +43,8 @@ struct Kernels {
   // With a device: its kit. The kernels then run through the device cache and step runner
   // (kvouter/device_cache.h), as an engine calls them.
   std::shared_ptr<const DeviceKit> kit;
+  // What the kernels are: an AOT variant's name, or the JIT's compile key.
+  std::string name;
 };
 
 // Shape constants a variant may be specialised on (0 = generic).
