@@ -49,6 +49,9 @@ namespace {
 // slot `edge0` on (every head has slots for its bounds, so heads can be planned at once).
 using HeadResult = PlanWorkspace::HeadResult;
 
+// How many sequences ahead a decode plan requests its block-table entries.
+constexpr int64_t kPlanAhead = 2;
+
 void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace::HeadScratch& hs, KvIndex& ix,
                 int64_t unit0, int64_t edge0, HeadResult* result) {
   const size_t ppb = static_cast<size_t>(p.ppb);
@@ -103,6 +106,18 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
         return a;
       };
       if (t_end - t_begin == 1) {
+        // The table entries of the sequence kPlanAhead on, requested now: an engine plans between
+        // a step's staging copies, which leave the plan's inputs out of the caches, and each entry
+        // is a random line of the block tables (gpu-decode's plan after 64 MiB of other traffic:
+        // 172 against 232 us without; experiments/results/cpu/2026-12-02/plan_cold.md).
+        if (const int64_t ab = b + kPlanAhead; ab < p.B && p.cu[static_cast<size_t>(ab) + 1] - p.cu[static_cast<size_t>(ab)] == 1) {
+          const int32_t* const arow = sel + (p.cu[static_cast<size_t>(ab)] * Hkv + h) * topk;
+          const int32_t* const atable = tables + ab * max_pages;
+          for (int64_t r = 0; r < topk; ++r) {
+            const int64_t id = arow[r];
+            if (id >= 0 && id * ippb < max_pages) __builtin_prefetch(atable + id * ippb);
+          }
+        }
         // One query (decode): its distinct valid blocks are the units, one edge each, in
         // ascending block order (the set bits of the span's words); a repeated block's first rank
         // is its edge. Compiled for the common pages-per-block counts (the page reads unrolled).
