@@ -178,7 +178,7 @@ std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target)
 }
 
 Kernels aot_kernels(const AotVariant& v) {
-  return {v.forward, v.combine, "aot " + v.name, v.device ? v.device() : nullptr,
+  return {v.forward, v.combine, "aot", v.device ? v.device() : nullptr,
           v.device ? generated_device_kit(v.target) : nullptr, v.name};
 }
 

@@ -614,14 +614,13 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   timing_ = StepTiming{};
   auto t = clock_type::now();
   if (kernels.device != cache_.device()) {
-    throw BackendError("device step: " + kernels.description + " runs on another device than the cache's (" + cache_.target() + ")");
+    throw BackendError("device step: " + kernels.description() + " runs on another device than the cache's (" + cache_.target() + ")");
   }
   if (plan.problem.dtype != cache_.shape().dtype) {
     throw InputError("q", "dtype " + dtype_name(cache_.shape().dtype) + " (the cache's)", dtype_name(plan.problem.dtype));
   }
   plan_ = &plan;
   kernels_ = &kernels;
-  variant_ = kernels.name;
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
@@ -697,7 +696,7 @@ void DeviceStepRunner::launch() {
       halide_buffer_t* part = S == 1 ? bt.part.buffer() : st.part.buffer();
       check(k.forward(q, cache_.k_segment(sg), cache_.v_segment(sg), st.head.buffer(), st.pages.buffer(),
                       st.query.buffer(), st.limit.buffer(), p.scale, part),
-            "forward of " + k.description);
+            "forward of " + k.description());
       if (S > 1) {
         const int32_t row_words = part->dim[1].extent * part->dim[0].extent;
         // The segment's own tiles, not its padding.
@@ -722,7 +721,7 @@ void DeviceStepRunner::launch() {
   timing_.forward_ms = ms_since(t);
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    check(k.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + k.description);
+    check(k.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + k.description());
   }
   if (nb > 0) check(dev_sync(batches_[0]->out.buffer()), "combine (sync)");
   timing_.combine_ms = ms_since(t);

@@ -50,7 +50,7 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 
 void check_rc(int rc, const char* stage, const Kernels& k) {
   if (rc != 0) {
-    throw BackendError(std::string("halide: ") + stage + " of " + k.description + " failed with code " + std::to_string(rc));
+    throw BackendError(std::string("halide: ") + stage + " of " + k.description() + " failed with code " + std::to_string(rc));
   }
 }
 
@@ -97,7 +97,7 @@ void run_timed(const KernelTiming& kt, bool warm, RepTimes& rt, const std::funct
 // cache, the page writes, the uploads and the read-back are the run's transfer time.
 void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& res,
                    RunTiming* timing, const KernelTiming& kt) {
-  if (!kernels.kit) throw BackendError("halide: " + kernels.description + " runs on a device, but has no device kit");
+  if (!kernels.kit) throw BackendError("halide: " + kernels.description() + " runs on a device, but has no device kit");
   const Problem& p = plan.problem;
   using clock = std::chrono::steady_clock;
   auto t = clock::now();

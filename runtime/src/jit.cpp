@@ -169,7 +169,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
     throw BackendError("jit: compiling schedule '" + req.schedule + "' with knobs {" + join_knobs(req.knobs) +
                        "} for " + target.to_string() + " failed: " + e.what());
   }
-  ck->kernels.description = "jit " + req.key();
+  ck->kernels.origin = "jit";
   ck->kernels.name = req.key();
   if (vulkan) {
     ck->kernels.device = Halide::get_device_interface_for_device_api(Halide::DeviceAPI::Vulkan, target);
@@ -239,7 +239,7 @@ class JitBackend final : public Backend {
     try {
       run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_);
     } catch (const Halide::Error& e) {
-      throw BackendError("jit: running " + ck->kernels.description + " failed: " + e.what());
+      throw BackendError("jit: running " + ck->kernels.description() + " failed: " + e.what());
     }
   }
 

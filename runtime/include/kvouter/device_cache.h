@@ -243,7 +243,8 @@ class DeviceStepRunner {
   void read_outputs(const OutputsView& out);
   const StepTiming& timing() const { return timing_; }
   const Plan& plan() const { return *plan_; }
-  const std::string& variant() const { return variant_; }
+  // The last prepared kernels' name (an AOT variant's, or the JIT's key); empty before a step.
+  std::string variant() const { return kernels_ ? kernels_->name : std::string(); }
   // The largest query batch's partials a plan for this cache's device may hold (PlanOptions).
   static int64_t max_batch_partial_floats(const std::string& target);
 
@@ -254,7 +255,6 @@ class DeviceStepRunner {
   void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
   DeviceKvCache& cache_;
   KernelPicker pick_;
-  std::string variant_;
   Planner planner_;
   const Plan* plan_ = nullptr;     // the last prepared plan
   const Kernels* kernels_ = nullptr;  // its kernels

@@ -37,7 +37,7 @@ struct DeviceKit {
 struct Kernels {
   ForwardFn forward;
   CombineFn combine;
-  std::string description;  // variant name, for errors
+  std::string origin;  // "aot" or "jit"
   // The device the kernels run on (Vulkan, CUDA), or nullptr for host kernels.
   const halide_device_interface_t* device = nullptr;
   // With a device: its kit. The kernels then run through the device cache and step runner
@@ -45,6 +45,8 @@ struct Kernels {
   std::shared_ptr<const DeviceKit> kit;
   // What the kernels are: an AOT variant's name, or the JIT's compile key.
   std::string name;
+  // For errors: "aot <variant>" or "jit <key>".
+  std::string description() const { return origin + " " + name; }
 };
 
 // Shape constants a variant may be specialised on (0 = generic).
