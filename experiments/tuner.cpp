@@ -85,7 +85,7 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
   const pipeline::TuneShape ts{shape.D, shape.block_size, shape.page_size, shape.qhead, shape.decode,
                                static_cast<int64_t>(max_shared_bytes)};
   // The block as one chunk where the schedule takes it so; shared memory within the device's.
-  if (info->one_chunk && (k.at("chunk") != pipeline::kOneChunk || shape.block_size > pipeline::kOneChunk)) return false;
+  if (info->one_chunk && k.at("chunk") != pipeline::kWholeBlock) return false;
   if (info->shared_bytes && info->shared_bytes(k, ts) > ts.max_shared_bytes) return false;
   return !info->keep || info->keep(k, ts);
 }

@@ -84,7 +84,12 @@ class KvouterForward : public Generator<KvouterForward> {
     Expr Hkv = k_pages.dim(2).extent();
     Expr QH = qhead > 0 ? Expr(int(qhead)) : q.dim(1).extent() / Hkv;
     Expr T = tile_edge_count > 0 ? Expr(int(tile_edge_count)) : tile_query.dim(0).extent();
-    const int C = static_block ? std::min(int(chunk), int(block_size)) : int(chunk);
+    // chunk 0: the whole block as one chunk (knob_defaults), which needs the block specialised.
+    if (chunk == 0 && !static_block) {
+      throw CompileError("kvouter_forward: chunk=0 (the whole block as one chunk) needs block_size and "
+                         "page_size specialised");
+    }
+    const int C = static_block ? (chunk == 0 ? int(block_size) : std::min(int(chunk), int(block_size))) : int(chunk);
     Expr NC = (BS + C - 1) / C;
     f.D = D;
     f.static_D = head_dim;

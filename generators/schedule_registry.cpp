@@ -29,8 +29,8 @@ const ScheduleInfo* find_schedule(const std::string& name) {
 bool register_schedule(ScheduleInfo info) {
   if (find_schedule(info.name)) throw std::logic_error("schedule '" + info.name + "' registered twice");
   if (info.one_chunk) {
-    info.default_params.emplace("chunk", std::to_string(kOneChunk));
-    if (!info.axes.rows.empty()) info.axes.chunks = {std::to_string(kOneChunk)};
+    info.default_params.emplace("chunk", std::to_string(kWholeBlock));
+    if (!info.axes.rows.empty()) info.axes.chunks = {std::to_string(kWholeBlock)};
   }
   auto& list = registry();
   const auto at = std::upper_bound(list.begin(), list.end(), info,

@@ -32,8 +32,8 @@ struct ScheduleInfo {
   std::string autoscheduler;    // non-empty for autoscheduled twins (Adams2019, ...)
   std::string summary;
   // The forward takes each block as one chunk (the GPU schedules whose shared memory or register
-  // arrays hold a whole block): chunk is then kOneChunk, the clamp to the block, by default, the
-  // tuner's only chunk, and the schedule refuses a smaller one (vulkan_require_static).
+  // arrays hold a whole block): chunk is then kWholeBlock by default and the tuner's only chunk,
+  // and the schedule refuses a chunk smaller than the block (vulkan_require_static).
   bool one_chunk = false;
   // Knobs this schedule runs with unless the caller sets them (--param); one_chunk adds chunk.
   std::map<std::string, std::string> default_params = {};
@@ -53,8 +53,9 @@ struct ScheduleInfo {
   std::function<bool(const KnobValues&, const TuneShape&)> keep = nullptr;
 };
 
-// The chunk that stands for "the whole block" (the forward clamps chunk to the block).
-inline constexpr int kOneChunk = 4096;
+// The chunk knob's value for "the whole block as one chunk", at any block size (a specialised
+// block; the forward's C is then block_size).
+inline constexpr int kWholeBlock = 0;
 
 // Every registered schedule: manual schedules before autoscheduled twins, CPU before GPU, then by
 // name (registration order across files is not defined, this order is).

@@ -1,6 +1,6 @@
 // The autoscheduled twins: the same pipelines with no manual schedule, scheduled by one of
-// Halide's autoschedulers when compiled (their parameters: halide::autoscheduler_params in
-// runtime/src/jit.cpp).
+// Halide's autoschedulers when compiled (their parameters: autoscheduler_params.txt here, read by
+// the AOT build and the JIT alike).
 #include "schedule_registry.h"
 
 namespace kvouter::pipeline {

@@ -15,7 +15,7 @@
 // and every per-call intermediate the Halide 21 Vulkan runtime allocates and clears
 // (docs/vulkan.md limit 10). Compared with vulkan_fused there is no chunk loop, so no online state across it
 // (docs/vulkan.md limit 4). The cost: scores and weights of the whole block live in shared memory.
-// The block must be one chunk (the registry passes chunk 4096).
+// The block must be one chunk (the registry's default chunk=0, the whole block).
 // Knobs: rows (rows per workgroup), unroll (register tile edge), vec (the tile's vector width),
 // slice (K channels staged per step).
 // Measured 2026-12-01 (H200, AOT, warm clocks, kernel medians of 5,

@@ -13,7 +13,7 @@
 // lifted out of the thread loops to the whole tile (50 KB per thread at D 128), which the NVIDIA
 // driver rejects ("failed to validate local memory"; H200, docs/vulkan.md limit 4).
 // Knobs: rows (register rows per thread), unroll (register columns per thread); chunk must
-// cover the block (the registry passes 4096; a chunk smaller than the block is rejected).
+// cover the block (the registry's default chunk=0 is the whole block; a smaller chunk is rejected).
 // Two work splits: vulkan_tiled puts a whole tile in one workgroup; vulkan_rows
 // (vulkan_rows.cpp) spreads each tile over workgroups of one edge's rows.
 // Measured 2026-12-01 (H200, AOT, warm clocks, kernel medians of 5, SPIR-V stage on,

@@ -258,11 +258,12 @@ TORCH_TOOL = "experiments/torch_compare.py"
 
 
 def _variant_knobs(variant: str, target: str) -> str:
-    """'kvouter_vulkan_onepass_d128_..._host_cuda_chunk_4096_rows_16_unroll_4' -> the knobs after
-    the target ('rows_16_unroll_4'; the GPU schedules' chunk 4096 means 'the whole block')."""
+    """'kvouter_vulkan_onepass_d128_..._host_cuda_chunk_0_rows_16_unroll_4' -> the knobs after
+    the target ('rows_16_unroll_4'; the one-chunk GPU schedules' chunk 0 is 'the whole block', as
+    was chunk 4096 in results recorded before it)."""
     marker = "_" + target.replace("-", "_") + "_"
     knobs = variant.split(marker, 1)[1] if marker in variant else ""
-    return re.sub(r"^chunk_4096_?", "", knobs)
+    return re.sub(r"^chunk_(0|4096)(_|$)", "", knobs)
 
 
 def _load_gpu_bench(doc: dict, file: str, res: Results) -> int:

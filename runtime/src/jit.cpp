@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <future>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "kvouter/device_cache.h"
+#include "kvouter_autoscheduler_params.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_alloc.h"
 #include "kvouter/spirv_stage.h"
@@ -256,14 +258,23 @@ std::string JitRequest::key() const {
 }
 
 std::map<std::string, std::string> autoscheduler_params(const std::string& autoscheduler, bool gpu_target) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::map<std::string, std::string> extra = {{"parallelism", std::to_string(cores)}};
-  if (autoscheduler == "Adams2019") extra["beam_size"] = "1";
-  if (gpu_target) {
-    if (autoscheduler == "Mullapudi2016") extra["experimental_gpu_schedule"] = "1";
-    if (autoscheduler == "Anderson2021") extra = {{"parallelism", "132"}, {"beam_size", "1"}};
+  const std::string cores = std::to_string(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string device = gpu_target ? "gpu" : "cpu";
+  std::istringstream table(detail::kAutoschedulerParamsTable);
+  for (std::string line; std::getline(table, line);) {
+    std::istringstream fields(line);
+    std::string name, dev;
+    if (!(fields >> name >> dev) || name[0] == '#' || name != autoscheduler || dev != device) continue;
+    std::map<std::string, std::string> params;
+    for (std::string kv; fields >> kv;) {
+      const size_t eq = kv.find('=');
+      const std::string value = kv.substr(eq + 1);
+      params[kv.substr(0, eq)] = value == "CORES" ? cores : value;
+    }
+    return params;
   }
-  return extra;
+  throw BackendError("autoscheduler " + autoscheduler + " on the " + device +
+                     ": no parameters in schedules/autoscheduler_params.txt");
 }
 
 std::string resolve_target(const std::string& target) { return to_target(target).to_string(); }

@@ -79,11 +79,15 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   auto c = [](std::string sched, std::string chunk, std::string rows, std::string unroll) {
     return Candidate{sched, {{"T", "0"}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
   };
-  EXPECT_TRUE(keep(c("vulkan_tiled", "4096", "4", "4"), s, "host-vulkan"));
-  EXPECT_FALSE(keep(c("vulkan_tiled", "4096", "4", "4"), s, "host"));     // a GPU schedule on the CPU
+  EXPECT_TRUE(keep(c("vulkan_tiled", "0", "4", "4"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_tiled", "0", "4", "4"), s, "host"));     // a GPU schedule on the CPU
   EXPECT_FALSE(keep(c("cpu_tiled", "64", "4", "4"), s, "host-vulkan"));   // a CPU schedule on Vulkan
   EXPECT_FALSE(keep(c("vulkan_tiled", "64", "4", "4"), s, "host-vulkan"));  // the block must be one chunk
-  EXPECT_FALSE(keep(c("vulkan_rows", "4096", "8", "8"), s, "host-vulkan"));  // 64 accumulators
+  ShapeClass big = s;  // chunk 0 is the whole block at any block size; no fixed chunk covers every block
+  big.block_size = 8192;
+  EXPECT_TRUE(keep(c("vulkan_tiled", "0", "4", "4"), big, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_tiled", "4096", "4", "4"), big, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_rows", "0", "8", "8"), s, "host-vulkan"));  // 64 accumulators
   // vulkan_fused's shared memory at D 128: chunk 8, rows 8 is 24 KiB; rows 16 is 40 KiB, which
   // fits the H200's 48 KiB but not lavapipe's 32 KiB.
   EXPECT_TRUE(keep(c("vulkan_fused", "8", "8", "4"), s, "host-vulkan"));
@@ -96,24 +100,24 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(16, 128, 128, 8), 4 * 7344);  // 8-channel slices (generated)
   EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(12, 128, 128, 16), 4 * 6780);
   EXPECT_EQ(pipeline::vulkan_onepass_slice(12, 24, 5), 4);  // lowered to a divisor of D
-  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "8"), s, "host-vulkan"));
-  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "32", "4"), s, "host-vulkan", 48 * 1024));
+  EXPECT_TRUE(keep(c("vulkan_onepass", "0", "16", "8"), s, "host-vulkan"));
+  EXPECT_FALSE(keep(c("vulkan_onepass", "0", "32", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_onepass", "64", "8", "4"), s, "host-vulkan"));  // the block must be one chunk
   ShapeClass g = s;
   g.block_size = 128;
-  EXPECT_FALSE(keep(c("vulkan_onepass", "4096", "16", "4"), g, "host-vulkan"));
-  EXPECT_TRUE(keep(c("vulkan_onepass", "4096", "16", "4"), g, "host-vulkan", 48 * 1024));
+  EXPECT_FALSE(keep(c("vulkan_onepass", "0", "16", "4"), g, "host-vulkan"));
+  EXPECT_TRUE(keep(c("vulkan_onepass", "0", "16", "4"), g, "host-vulkan", 48 * 1024));
   // Rows past the tile's (T x qhead = 8) rows would be the same program.
   ShapeClass dec = s;
   dec.decode = true;
   auto decode_rows = [](const char* rows) {
-    return Candidate{"vulkan_onepass", {{"T", "1"}, {"chunk", "4096"}, {"rows", rows}, {"unroll", "4"}}};
+    return Candidate{"vulkan_onepass", {{"T", "1"}, {"chunk", "0"}, {"rows", rows}, {"unroll", "4"}}};
   };
   ASSERT_EQ(dec.qhead, 8);
   EXPECT_TRUE(keep(decode_rows("8"), dec, "host-vulkan"));
   EXPECT_FALSE(keep(decode_rows("16"), dec, "host-vulkan"));
   // vulkan_onepass's vector width: the per-target default and the scalar kernel are both tried.
-  EXPECT_TRUE(keep(Candidate{"vulkan_onepass", {{"T", "0"}, {"chunk", "4096"}, {"rows", "8"}, {"unroll", "4"}, {"vec", "1"}}},
+  EXPECT_TRUE(keep(Candidate{"vulkan_onepass", {{"T", "0"}, {"chunk", "0"}, {"rows", "8"}, {"unroll", "4"}, {"vec", "1"}}},
                    s, "host-vulkan"));
   std::set<std::string> keys, schedules;
   int scalar_onepass = 0;
@@ -124,10 +128,10 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   }
   EXPECT_EQ(schedules, (std::set<std::string>{"vulkan_tiled", "vulkan_rows", "vulkan_fused", "vulkan_onepass",
                                               "auto_anderson2021", "auto_mullapudi2016_gpu"}));
-  EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=4096,rows=4,unroll=4"));
+  EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=0,rows=4,unroll=4"));
   EXPECT_TRUE(keys.count("vulkan_fused,T=16,chunk=8,rows=8,unroll=4"));
   EXPECT_GT(scalar_onepass, 0);
-  EXPECT_TRUE(keys.count("vulkan_onepass,T=0,chunk=4096,rows=8,unroll=4,vec=1")) << "key format";
+  EXPECT_TRUE(keys.count("vulkan_onepass,T=0,chunk=0,rows=8,unroll=4,vec=1")) << "key format";
 }
 
 TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {

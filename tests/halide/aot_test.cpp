@@ -128,14 +128,14 @@ TEST(Aot, VariantNamesFollowOneRule) {
 }
 
 // The block-as-one-chunk choice is stated once per schedule (its registry entry's one_chunk):
-// CMake's list of one-chunk schedules gives exactly those specialised variants chunk kOneChunk.
+// CMake's list of one-chunk schedules gives exactly those specialised variants chunk kWholeBlock.
 TEST(Aot, OneChunkSchedulesGetTheOneChunk) {
   experiments::register_all_backends();
   int one_chunk = 0;
   for (const auto& v : halide::aot_variants()) {
     const pipeline::ScheduleInfo* info = pipeline::find_schedule(v.schedule);
     ASSERT_NE(info, nullptr) << v.name;
-    const bool has = ("," + v.knobs + ",").find(",chunk=" + std::to_string(pipeline::kOneChunk) + ",") != std::string::npos;
+    const bool has = ("," + v.knobs + ",").find(",chunk=" + std::to_string(pipeline::kWholeBlock) + ",") != std::string::npos;
     if (info->one_chunk && v.spec.D != 0) {
       EXPECT_TRUE(has) << v.name << ": " << v.knobs;
       ++one_chunk;

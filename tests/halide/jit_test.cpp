@@ -3,8 +3,10 @@
 // JIT cache under concurrent use; errors that name the schedule and knobs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "case_kinds.h"
@@ -90,7 +92,26 @@ TEST_P(JitKnobTest, ManualSchedulesMatchOracle) {
 INSTANTIATE_TEST_SUITE_P(Knobs, JitKnobTest,
                          ::testing::Values(std::map<std::string, std::string>{{"T", "5"}, {"chunk", "16"}},
                                            std::map<std::string, std::string>{{"rows", "3"}, {"unroll", "2"}, {"vec", "8"}},
-                                           std::map<std::string, std::string>{{"T", "1"}, {"grain", "3"}, {"chunk", "48"}}));
+                                           std::map<std::string, std::string>{{"T", "1"}, {"grain", "3"}, {"chunk", "48"}},
+                                           std::map<std::string, std::string>{{"chunk", "0"}}));  // the whole block
+
+// The twins' parameters come from schedules/autoscheduler_params.txt (aot_test checks the AOT
+// twins against the same function): CORES becomes this machine's cores; no row is an error.
+TEST(Jit, AutoschedulerParamsComeFromTheirTable) {
+  const std::string cores = std::to_string(std::max(1u, std::thread::hardware_concurrency()));
+  using Params = std::map<std::string, std::string>;
+  EXPECT_EQ(halide::autoscheduler_params("Adams2019", false), (Params{{"parallelism", cores}, {"beam_size", "1"}}));
+  EXPECT_EQ(halide::autoscheduler_params("Li2018", false), (Params{{"parallelism", cores}}));
+  EXPECT_EQ(halide::autoscheduler_params("Mullapudi2016", true),
+            (Params{{"parallelism", cores}, {"experimental_gpu_schedule", "1"}}));
+  EXPECT_EQ(halide::autoscheduler_params("Anderson2021", true), (Params{{"parallelism", "132"}, {"beam_size", "1"}}));
+  try {
+    halide::autoscheduler_params("Anderson2021", false);
+    ADD_FAILURE() << "a CPU row for Anderson2021";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("autoscheduler_params.txt"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Jit, BitwiseDeterministic) {
   auto backend = jit("cpu_tiled");
@@ -155,7 +176,7 @@ TEST(Jit, ErrorsNameScheduleAndKnobs) {
   // A knob value that Halide rejects at compile time: the error names schedule and knobs. A
   // Vulkan workgroup past 1024 threads is one (vulkan_onepass refuses it when it schedules).
   if (vulkan_devices().empty()) KVOUTER_NO_VULKAN("no Vulkan device for the compile-time check");
-  auto backend = jit("vulkan_onepass", {{"rows", "32"}, {"unroll", "1"}, {"chunk", "4096"}}, "host-vulkan");
+  auto backend = jit("vulkan_onepass", {{"rows", "32"}, {"unroll", "1"}, {"chunk", "0"}}, "host-vulkan");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
   const Plan plan = make_plan(in, backend->plan_options());
   try {

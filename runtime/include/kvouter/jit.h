@@ -40,11 +40,10 @@ std::unique_ptr<Backend> make_jit_backend(const BackendConfig& cfg, const std::s
 // The resolved Halide target string for a user's --target ("" or "host" = this machine).
 std::string resolve_target(const std::string& target);
 
-// The autoscheduler parameters the twins are built with, JIT and `kvouter export` alike (the AOT
-// twins of generators/CMakeLists.txt pass the CPU ones for the 2-core build machine):
-// parallelism = the host's cores; Adams2019 greedy (beam_size=1: its default beam search exhausted
-// 8 GB in 45 s on this pipeline); on a GPU target Mullapudi2016's experimental GPU schedule and
-// Anderson2021 with the H200's 132 SMs, greedy.
+// The autoscheduler parameters the twins are built with, JIT and `kvouter export` alike: the row of
+// schedules/autoscheduler_params.txt (which the AOT twins of generators/CMakeLists.txt read too)
+// for this autoscheduler and device, CORES = this machine's logical cores. Throws BackendError
+// when the table has no row for them.
 std::map<std::string, std::string> autoscheduler_params(const std::string& autoscheduler, bool gpu_target);
 
 }  // namespace kvouter::halide

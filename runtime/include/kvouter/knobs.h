@@ -6,7 +6,7 @@
 namespace kvouter::knob_defaults {
 
 inline constexpr int T = 0;        // edges per tile; 0 = the planner's choice
-inline constexpr int chunk = 64;   // positions per chunk (the block is processed chunk by chunk)
+inline constexpr int chunk = 64;   // positions per chunk (the block is processed chunk by chunk); 0 = the whole block
 inline constexpr int vec = 16;     // vector width in floats
 inline constexpr int rows = 4;     // register-tile rows (edge x head-lane rows per inner tile)
 inline constexpr int unroll = 4;   // vectors per register-tile row (positions or D)
