@@ -95,7 +95,7 @@ class KvouterCombine : public Generator<KvouterCombine> {
     Knobs k;
     k.vec = vec;
     k.grain = grain;
-    info->combine(f, k, get_target());
+    info->combine(f, resolve_knobs(k, get_target()), get_target());
   }
 };
 

@@ -188,7 +188,7 @@ class KvouterForward : public Generator<KvouterForward> {
       throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
                          "' is not a manual forward schedule");
     }
-    Knobs k{int(chunk), int(vec), int(rows), int(unroll), int(grain), int(slice)};
+    const Knobs k = resolve_knobs({int(chunk), int(vec), int(rows), int(unroll), int(grain), int(slice)}, get_target());
     info->forward(f, k, get_target());
   }
 };

@@ -17,6 +17,21 @@ auto order_key(const ScheduleInfo& s) { return std::make_tuple(!s.autoscheduler.
 
 }  // namespace
 
+Knobs resolve_knobs(Knobs k, const Halide::Target& target) {
+  if (target.has_gpu_feature()) {
+    if (k.vec == 0) k.vec = 16;
+    if (k.rows == 0) k.rows = 4;
+    if (k.unroll == 0) k.unroll = 4;
+    return k;
+  }
+  const bool avx512 = target.has_feature(Halide::Target::AVX512);
+  const int registers = target.arch == Halide::Target::X86 && !avx512 ? 16 : 32;
+  if (k.vec == 0) k.vec = target.natural_vector_size(Halide::Float(32));
+  if (k.rows == 0) k.rows = 4;
+  if (k.unroll == 0) k.unroll = std::max(1, registers / 2 / k.rows);
+  return k;
+}
+
 const std::vector<ScheduleInfo>& all_schedules() { return registry(); }
 
 const ScheduleInfo* find_schedule(const std::string& name) {

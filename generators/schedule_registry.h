@@ -57,6 +57,15 @@ struct ScheduleInfo {
 // block; the forward's C is then block_size).
 inline constexpr int kWholeBlock = 0;
 
+// The knobs a schedule sees: those left 0 (automatic: vec, rows, unroll; kvouter/knobs.h) sized
+// to the target. On a CPU, the natural vector width and a register tile of rows 4 x unroll with
+// 4 x unroll accumulators = half the vector registers (32 with AVX-512 and on ARM, 16 on other
+// x86: 4 x 4 at 16 floats, 4 x 2 at 8). Measured 2026-12-02 on a 2-core AVX2 EPYC (Zen 3),
+// cpu_tiled JIT: SPEC decode forward 53-56 ms against 68-70 ms with the AVX-512 sizes, prefill
+// 218-282 against 341-346 ms (experiments/results/cpu/2026-12-02/avx2_knobs.md). On a GPU target
+// the schedules' own sizes: 16 (vulkan_onepass's automatic width), 4 and 4.
+Knobs resolve_knobs(Knobs k, const Halide::Target& target);
+
 // Every registered schedule: manual schedules before autoscheduled twins, CPU before GPU, then by
 // name (registration order across files is not defined, this order is).
 const std::vector<ScheduleInfo>& all_schedules();

@@ -235,8 +235,9 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
     } catch (...) {
       v = 0;
     }
-    // 0: chosen by the planner / schedule (T, slice), or the whole block (chunk).
-    const long lowest = name == "T" || name == "slice" || name == "chunk" ? 0 : 1;
+    // 0: chosen by the planner / schedule (T, slice), the whole block (chunk), or sized to the
+    // target (vec, rows, unroll).
+    const long lowest = name == "grain" ? 1 : 0;
     if (value.empty() || v < lowest || v > 4096 || (v == 0 && value != "0")) {
       throw BackendError("--param " + name + ": expected an integer in [" + std::to_string(lowest) +
                          ", 4096], got '" + value + "'");

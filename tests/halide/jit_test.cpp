@@ -113,6 +113,25 @@ TEST(Jit, AutoschedulerParamsComeFromTheirTable) {
   }
 }
 
+// Knobs left 0 are sized to the target; set ones are kept.
+TEST(Jit, AutomaticKnobsAreSizedToTheTarget) {
+  auto sized = [](const char* target, pipeline::Knobs k = {}) {
+    const pipeline::Knobs r = pipeline::resolve_knobs(k, Halide::Target(target));
+    return std::to_string(r.vec) + "/" + std::to_string(r.rows) + "/" + std::to_string(r.unroll);
+  };
+  EXPECT_EQ(sized("x86-64-linux-avx-avx2-fma-f16c-sse41"), "8/4/2");  // 16 ymm registers
+  EXPECT_EQ(sized("x86-64-linux-avx-avx2-avx512-avx512_skylake-fma-f16c-sse41"), "16/4/4");  // 32 zmm
+  EXPECT_EQ(sized("arm-64-linux"), "4/4/4");                                            // 32 NEON
+  EXPECT_EQ(sized("x86-64-linux-vulkan-vk_int64-vk_v13"), "16/4/4");
+  pipeline::Knobs set;
+  set.vec = 4;
+  set.rows = 3;
+  set.unroll = 5;
+  EXPECT_EQ(sized("x86-64-linux-avx-avx2-fma-f16c-sse41", set), "4/3/5");
+  set.unroll = 0;
+  EXPECT_EQ(sized("x86-64-linux-avx-avx2-fma-f16c-sse41", set), "4/3/2");  // 8 registers / 3 rows
+}
+
 TEST(Jit, BitwiseDeterministic) {
   auto backend = jit("cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
