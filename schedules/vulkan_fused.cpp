@@ -11,10 +11,10 @@
 // workgroup is about 4 x (4 rows D + 2 chunk D) bytes: 24 KiB at D 128, chunk 8, rows 8 (the JIT
 // default; lavapipe allows 32 KiB), 40 KiB at chunk 8, rows 16 (the GPU shapes' AOT default; the
 // H200 allows 48 KiB).
-// Measured 2026-11-30 (H200, AOT, warm clocks, kernel medians, before the SPIR-V stage;
-// experiments/results/gpu/gpu_bench_decode_warm.json and gpu_bench_prefill_warm.json; chunk 8,
-// rows 16): host-vulkan gpu-decode 6.99 ms = 3.2 % of HBM bandwidth, gpu-prefill 1445 ms = 2.1 %
-// of FP32 peak (targets not met); host-cuda 23.5 / 5982 ms. The slowest GPU schedule: every chunk
+// Measured 2026-12-02 (H200, AOT, SPIR-V stage on, kernel medians of 3 after 0.5 s of warm-up;
+// experiments/results/gpu/2026-12-02/gpu_bench_fused_rows.json; chunk 8, rows 16): host-vulkan
+// gpu-decode 4.02 ms = 5.6 % of HBM bandwidth, gpu-prefill 716 ms = 4.3 % of FP32 peak (targets
+// not met); host-cuda 23.8 / 5983 ms. The slowest GPU schedule: every chunk
 // is about ten barrier-separated phases, three of them waiting on dependent global gathers. On
 // lavapipe (CI) it is for correctness only.
 #include <algorithm>
