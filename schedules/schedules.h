@@ -19,6 +19,11 @@ void cpu_tile_level(ForwardFuncs& f, const Knobs& k);
 // The combines the schedules share (cpu_simple.cpp, vulkan_tiled.cpp).
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
+// A small matrix product `product(col, row) += ...` over `red`, computed per chunk at (at, at_var)
+// in register tiles of (k.unroll x k.vec) columns by k.rows rows, the reduction outermost, `col`
+// vectorised and stored innermost (cpu_tiled.cpp).
+void register_tiled_product(Halide::Func product, Halide::Var col, Halide::Var row, Halide::RVar red,
+                            Halide::Func at, Halide::RVar at_var, const Knobs& k);
 // The CPU schedules' tuning axes and the rule they share (cpu_simple.cpp).
 const ScheduleInfo::Axes& cpu_axes();
 bool cpu_keep(const KnobValues& k, const TuneShape& shape);

@@ -71,7 +71,7 @@ TEST_P(AotStorageTest, MatchesOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, AotStorageTest,
-                         ::testing::Combine(::testing::Values("cpu_simple", "cpu_tiled", "cpu_rowstream"),
+                         ::testing::Combine(::testing::Values("cpu_simple", "cpu_tiled", "cpu_rowstream", "cpu_decode"),
                                             ::testing::ValuesIn(testing::case_kinds()),
                                             ::testing::ValuesIn(testing::dtypes16())),
                          testing::ScheduleKindDtypeName());
