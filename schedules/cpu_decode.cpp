@@ -1,18 +1,19 @@
-// cpu_decode: a tile's rows (its queries' heads of one KV head) as the vector, K and V read in
-// place. Decode tiles are short and wide: one query (T = 1) and the 8 query heads of a KV head
-// against a block of 64 positions of 128 channels, so cpu_tiled's staged, transposed K chunk is
-// paid for by 8 rows of work. Here nothing is staged:
+// cpu_decode: a tile's rows (its queries' heads of one KV head) as the vector. Decode tiles are
+// short and wide: one query (T = 1) and the 8 query heads of a KV head against a block of 64
+// positions of 128 channels, so cpu_tiled's transposed K chunk is paid for by 8 rows of work. Here:
 //   - the query rows are stored transposed once per tile (channels outer, rows inner), so that
-//     S = Q . K^T vectorises over rows, each K value read once from its page and broadcast;
-//   - S, the chunk's max, weights and sums run over rows as vectors; P . V vectorises over D with
-//     V rows read from their pages;
-//   - both products in register tiles (positions x row vectors; rows x D vectors), the reduction
-//     outermost.
-// The rows vector is the target's width, or the tile's rows where fewer (8 lanes for decode on
-// AVX-512). Measured 2026-12-02 (experiments/results/cpu/2026-12-02/bench_cpu_decode.json, 2-core
-// AMD EPYC Zen 3, AVX2): SPEC decode JIT 24.7 ms = 2.26x direct, 50 % of its roofline bound
-// (cpu_tiled 29.8 ms, 41 %); bfloat16 20.7 ms; the tuner's winner for decode there. Knobs: chunk, grain, vec (the P . V vector), rows x unroll (the positions of an S
-// register tile, and the P . V tile as in cpu_tiled).
+//     S = Q . K^T vectorises over rows, each K value broadcast;
+//   - the K and V chunks are copied as they lie (rows of D, streaming vector loads; read in place
+//     from their pages, K's strided streams were slower from DRAM);
+//   - S, the chunk's max, weights and sums run over rows as vectors; P . V vectorises over D;
+//   - both products in register tiles (positions x a row vector; rows x D vectors), the
+//     reduction outermost.
+// The row vector is the target's width, halved down to 4 lanes while it exceeds the tile's rows
+// where they are known (8 lanes for decode on AVX-512). Knobs: chunk, grain, vec (the P . V
+// vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled).
+// Measured 2026-12-02 (experiments/results/cpu/2026-12-02/bench_cpu_decode.json, cpu_decode.md
+// there), 2-core AMD EPYC Zen 3, AVX2: SPEC decode JIT 24.7 ms = 2.26x direct, 50 % of its
+// roofline bound (cpu_tiled 29.8 ms, 41 %); bfloat16 20.7 ms; the tuner's decode winner there.
 #include "schedules.h"
 
 namespace kvouter::pipeline {
@@ -24,9 +25,7 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // Lanes over rows: the vector width, at most the tile's rows where they are known.
   int lanes = k.vec;
   while (f.static_rows > 0 && lanes > 4 && lanes > f.static_rows) lanes /= 2;
-  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
-  f.qf.compute_at(f.out, f.tile).reorder_storage(f.row, f.d).reorder(f.row, f.d).vectorize(f.row, lanes, guard);
-  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  cpu_tile_level(f, k, lanes);
   f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   // K and V chunks copied as they are (rows of D, in order), with vector loads that stream.
@@ -49,7 +48,7 @@ namespace {
 
 [[maybe_unused]] const bool registered = register_schedule(
     {"cpu_decode", "cpu", cpu_decode_forward, cpu_simple_combine, "",
-     "per tile: rows as the vector, K and V read from their pages (nothing staged)", false, {}, cpu_axes(),
+     "per tile: rows as the vector, K and V chunks copied as they lie (no transposed staging)", false, {}, cpu_axes(),
      nullptr, cpu_keep});
 
 }  // namespace

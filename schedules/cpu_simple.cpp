@@ -10,10 +10,14 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-void cpu_tile_level(ForwardFuncs& f, const Knobs& k) {
+void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
-  f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  if (row_lanes > 0) {
+    f.qf.compute_at(f.out, f.tile).reorder_storage(f.row, f.d).reorder(f.row, f.d).vectorize(f.row, row_lanes, guard);
+  } else {
+    f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  }
   f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
 }
 

@@ -13,8 +13,9 @@ namespace kvouter::pipeline {
 
 // What every CPU schedule shares: tiles in parallel (knob grain), the packed output and the
 // tile's gathered query rows vectorised, and the online state computed per tile, vectorised
-// over D. The state's chunk loop (update) is left to the schedule.
-void cpu_tile_level(ForwardFuncs& f, const Knobs& k);
+// over D. The state's chunk loop (update) is left to the schedule. row_lanes > 0: the query rows
+// stored rows innermost and vectorised over them by row_lanes (cpu_decode), else over D.
+void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes = 0);
 
 // The combines the schedules share (cpu_simple.cpp, vulkan_tiled.cpp).
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
