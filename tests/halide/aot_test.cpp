@@ -57,7 +57,7 @@ INSTANTIATE_TEST_SUITE_P(ScheduleXKind, AotScheduleTest,
                                             ::testing::ValuesIn(testing::case_kinds())),
                          testing::ScheduleKindName());
 
-// 16-bit storage: every manual CPU schedule's variants in each 16-bit dtype on every case kind
+// 16-bit storage: every generated manual CPU schedule's variants in each 16-bit dtype on every case kind
 // (the SPEC shapes' specialised variants on tiny's neighbours, the generic ones elsewhere).
 using testing::StorageParam;
 class AotStorageTest : public ::testing::TestWithParam<StorageParam> {};
@@ -71,7 +71,7 @@ TEST_P(AotStorageTest, MatchesOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ScheduleXKindXDtype, AotStorageTest,
-                         ::testing::Combine(::testing::Values("cpu_simple", "cpu_tiled", "cpu_rowstream", "cpu_decode"),
+                         ::testing::Combine(::testing::ValuesIn(manual_aot_schedules()),
                                             ::testing::ValuesIn(testing::case_kinds()),
                                             ::testing::ValuesIn(testing::dtypes16())),
                          testing::ScheduleKindDtypeName());
