@@ -7,6 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
+//                     [--loop-staging copy,in_place]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -24,6 +25,9 @@
 // sequence and a new selection per step; prefill (at most 3 steps) with its pages written once.
 // --loop-pools: the cache holds the pages a selection reaches (reachable) and/or the shape's
 // whole pool (full: in segments where one buffer cannot hold it).
+// --loop-staging: the engine's q and out/lse in its own arrays, copied by the step (copy), and/or
+// q written into the runner's staging and out/lse read where the runner reads them back
+// (in_place: DeviceStepRunner::q_staging, read_outputs()).
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -93,6 +97,7 @@ int run(int argc, char** argv) {
   int loop = 0;
   bool loop_only = false;  // the step loops alone (no kernel runs, no CPU baseline of the case)
   std::vector<std::string> loop_pools = {"reachable"};
+  std::vector<std::string> loop_staging = {"copy"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -125,7 +130,14 @@ int run(int argc, char** argv) {
     else if (a == "--loop") loop = std::stoi(next());
     else if (a == "--loop-pools") loop_pools = split(next());
     else if (a == "--loop-only") loop_only = true;
-    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only", a);
+    else if (a == "--loop-staging") loop_staging = split(next());
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging", a);
+  }
+  for (const auto& p : loop_pools) {
+    if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
+  }
+  for (const auto& p : loop_staging) {
+    if (p != "copy" && p != "in_place") throw InputError("--loop-staging", "copy and/or in_place", p);
   }
   std::vector<std::pair<std::string, Dtype>> shape_dtypes;  // (shape, dtype), float32 first
   std::stable_sort(dtypes.begin(), dtypes.end(), [](const std::string& a, const std::string& b) {
@@ -303,11 +315,14 @@ int run(int argc, char** argv) {
       shape_doc["runs"].push_back(r);
       write_partial();
     }
-    for (int li = 0; loop > 0 && li < static_cast<int>(targets.size() * loop_pools.size()); ++li) {
-      const std::string& target = targets[static_cast<size_t>(li) / loop_pools.size()];
-      const std::string& pool = loop_pools[static_cast<size_t>(li) % loop_pools.size()];
+    const size_t per_target = loop_pools.size() * loop_staging.size();
+    for (int li = 0; loop > 0 && li < static_cast<int>(targets.size() * per_target); ++li) {
+      const std::string& target = targets[static_cast<size_t>(li) / per_target];
+      const std::string& pool = loop_pools[static_cast<size_t>(li) % per_target / loop_staging.size()];
+      const std::string& staging = loop_staging[static_cast<size_t>(li) % loop_staging.size()];
       const bool decode = in.q.shape[0] == in.cu_seqlens_q.numel() - 1;
       experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
+      lo.in_place = staging == "in_place";
       try {
         json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
         l["pool"] = pool;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "cli_util.h"
@@ -42,7 +43,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   auto cache_id = [&](int32_t c) { return c < 0 ? c : static_cast<int32_t>(c * stride); };
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
-            {"pool_pages", N}, {"written_pages", P}};
+            {"pool_pages", N}, {"written_pages", P}, {"staging", opt.in_place ? "in_place" : "copy"}};
   auto t0 = std::chrono::steady_clock::now();
   DeviceKvCache cache(opt.target, {N, H, PS, D, dt});
   r["cache_setup_ms"] = ms_since(t0);  // allocation and clearing of both pools
@@ -162,6 +163,13 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     }
     halide::StepInputs s;
     s.q = dt == Dtype::kFloat32 ? StorageView(st.q.data.data(), {Tq, Hq, D}) : StorageView(st.q_bits.data.data(), {Tq, Hq, D}, dt);
+    if (opt.in_place) {
+      // The engine's q written where the runner uploads it from (here: the drawn values, copied
+      // outside the step, standing for the engine producing them there).
+      void* staged = runner.q_staging(Tq, Hq);
+      std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+      s.q.data = staged;
+    }
     s.selected = TensorView<const int32_t>(st.selected.data.data(), {Tq, H, topk});
     s.block_tables = TensorView<const int32_t>(tables.data(), {B, maxp});
     s.cu_seqlens_q = TensorView<const int64_t>(st.cu_seqlens_q.data.data(), {B + 1});
@@ -172,7 +180,15 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     // The engine checks the table entries where it writes them (appends use held pages only).
     runner.step(s, false);
     if (step == 0) out = outputs_for(runner.plan().problem);
-    runner.read_outputs(out);
+    if (opt.in_place) {
+      const OutputsView v = runner.read_outputs();
+      if (step == 0 || step + 1 == opt.steps) {  // the checked steps' outputs, outside the step
+        std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
+        std::copy(v.lse.ptr(), v.lse.ptr() + out.lse.numel(), out.lse.data.begin());
+      }
+    } else {
+      runner.read_outputs(out);
+    }
     const halide::StepTiming& t = runner.timing();
     plan_ms.push_back(t.plan_ms);
     upload_ms.push_back(t.upload_ms);
@@ -208,9 +224,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["plan_over_kernels"] = median(plan_ms) / median(kernel_ms);
   r["checks"] = checks;
   std::fprintf(stderr,
-               "loop %s %s %s (pool %lld pages, %lld segments): step %.3f ms = plan %.3f + upload %.3f + kernels %.3f "
+               "loop %s %s %s %s (pool %lld pages, %lld segments): step %.3f ms = plan %.3f + upload %.3f + kernels %.3f "
                "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f\n",
-               opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(), static_cast<long long>(N),
+               opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(), opt.in_place ? "in_place" : "copy", static_cast<long long>(N),
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,
                median(total_ms) / median(kernel_ms));

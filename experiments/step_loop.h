@@ -16,6 +16,10 @@ struct StepLoopOptions {
   // segments where one buffer cannot hold it) instead of only the pages a selection reaches.
   bool full_pool = false;
   uint64_t seed = 5;
+  // The engine writes each step's q into the runner's staging (DeviceStepRunner::q_staging) and
+  // reads out/lse where the runner reads them back (read_outputs()): no host copy in the step.
+  // Otherwise q is its own array, copied in by the step, and out/lse are copied into its own.
+  bool in_place = false;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

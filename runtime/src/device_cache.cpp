@@ -194,12 +194,23 @@ void UploadBatch::flush() {
 void DeviceArray::upload_now(const void* data, int64_t count) {
   const int64_t bytes = round64(static_cast<int64_t>(view_.size_in_bytes()));
   const int64_t used = count * type_.bytes();
-  if (used > 0) host_copy(host_.data(), data, used);
+  if (used > 0 && data != host_.data()) host_copy(host_.data(), data, used);  // else written in place
   host_copy(host_.data() + used, nullptr, bytes - used);
   halide_dimension_t d;
   halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
   raw.set_host_dirty(true);
   check(to_device(&raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
+}
+
+void DeviceArray::download_direct(void* dst) {
+  const int64_t bytes = elements_ * type_.bytes();
+  if (bytes == 0) return;
+  if (fast_transfers_ && vulkan_read_device(&alloc_, bytes, dst)) return;
+  halide_dimension_t d;
+  halide_buffer_t raw = byte_view(static_cast<uint8_t*>(dst), alloc_, &d, bytes);
+  d.extent = static_cast<int32_t>(bytes);  // exactly the view's bytes: dst holds no more
+  raw.set_device_dirty(true);
+  check(to_host(&raw), "reading back " + std::to_string(bytes) + " bytes");
 }
 
 void DeviceArray::download(void* dst) {
@@ -619,12 +630,22 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   if (plan.problem.dtype != cache_.shape().dtype) {
     throw InputError("q", "dtype " + dtype_name(cache_.shape().dtype) + " (the cache's)", dtype_name(plan.problem.dtype));
   }
+  const Problem& p = plan.problem;
+  if (sq.rank != 3 || sq.shape[0] != p.Tq || sq.shape[1] != p.Hq || sq.shape[2] != p.D) {
+    throw InputError("q", "shape " + shape_str({p.Tq, p.Hq, p.D}) + " (the plan's [Tq, Hq, D])", shape_str(sq.shape_vec()));
+  }
+  if (sq.dtype != p.dtype) throw InputError("q", "dtype " + dtype_name(p.dtype) + " (the plan's)", dtype_name(sq.dtype));
   plan_ = &plan;
   kernels_ = &kernels;
-  const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
+  if (sq.data != nullptr && sq.data == q_->host_data() &&
+      sq.numel() * dtype_bytes(sq.dtype) > q_->capacity_bytes()) {
+    // Larger than q_staging() was sized for: growing the staging would free what q views.
+    throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given",
+                     std::to_string(sq.numel()) + " elements");
+  }
   q_->upload(sq.data, sq.numel(), sq.shape_vec(), &uploads_);
   const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
@@ -794,6 +815,52 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
     st.zeros.upload(nullptr, 0, {st.n}, &uploads_);
     st.part.view({st.n, T * p.qhead, C});
   }
+}
+
+// read_outputs()'s host arrays: out then lse in one allocation, page-locked where the device
+// copies by DMA (CUDA), grown as needed.
+struct DeviceStepRunner::HostOutputs {
+  explicit HostOutputs(bool pin) : pin(pin) {}
+  ~HostOutputs() {
+    if (pinned) cuda_unpin(data.data());
+  }
+  float* reserve(size_t floats) {
+    if (floats > data.size()) {
+      if (pinned) cuda_unpin(data.data());
+      pinned = false;
+      data.assign(floats + floats / 4, 0.f);
+      if (pin) pinned = cuda_pin(data.data(), data.size() * sizeof(float));
+    }
+    return data.data();
+  }
+  bool pin, pinned = false;
+  std::vector<float> data;
+};
+
+OutputsView DeviceStepRunner::read_outputs() {
+  if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  const Problem& p = plan_->problem;
+  if (!host_out_) host_out_ = std::make_unique<HostOutputs>(cache_.array_spec().pin);
+  const size_t n_out = static_cast<size_t>(p.Tq * p.Hq * p.D), n_lse = static_cast<size_t>(p.Tq * p.Hq);
+  float* base = host_out_->reserve(std::max<size_t>(n_out + n_lse, 1));
+  OutputsView v(TensorView<float>(base, {p.Tq, p.Hq, p.D}), TensorView<float>(base + n_out, {p.Tq, p.Hq}));
+  auto t = clock_type::now();
+  for (int64_t b = 0; b < used_batches_ && p.Tq > 0; ++b) {
+    Batch& bt = *batches_[static_cast<size_t>(b)];
+    bt.out.download_direct(v.out.ptr() + bt.t0 * p.Hq * p.D);
+    bt.lse.download_direct(v.lse.ptr() + bt.t0 * p.Hq);
+  }
+  finish_lse(v.lse);
+  timing_.readback_ms = ms_since(t);
+  return v;
+}
+
+void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {
+  const DeviceCacheShape& cs = cache_.shape();
+  if (Tq < 0) throw InputError("q", "a non-negative query count", std::to_string(Tq));
+  if (Hq <= 0 || Hq % cs.Hkv != 0) throw InputError("q", "a head count that is a multiple of Hkv = " + std::to_string(cs.Hkv), std::to_string(Hq));
+  q_->view({Tq, Hq, cs.D});
+  return q_->host_data();
 }
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {

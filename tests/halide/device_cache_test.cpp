@@ -284,6 +284,56 @@ TEST_P(DeviceCacheTest, PagesAreWrittenInPlace) {
   EXPECT_EQ(std::memcmp(v.data(), want_v, v.size()), 0);
 }
 
+// An engine that writes q into the runner's staging and reads out/lse where the runner read them
+// back (no host copy in the step): the same outputs, bit for bit, as through its own arrays, and
+// the oracle's, every step; a segmented pool (the partials merged across segments) and a query
+// batch per step (one runner per path, on the same cache).
+TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
+  REQUIRE_DEVICE(GetParam().target);
+  const Param& p = GetParam();
+  DeviceKvCache cache(p.target, {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype}, 5);
+  Engine e(p.dtype, &cache, 21);
+  e.prefill(7);
+  DeviceStepRunner copying(cache, p.schedule), in_place(cache, p.schedule);
+  for (int step = 0; step < 4; ++step) {
+    e.append();
+    e.new_step(step == 3);
+    copying.step(e.step_inputs());
+    Outputs want = outputs_for(copying.plan().problem);
+    copying.read_outputs(want);
+
+    StepInputs s = e.step_inputs();
+    void* staged = in_place.q_staging(Engine::B, Engine::Hq);
+    ASSERT_NE(staged, nullptr);
+    std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+    s.q.data = staged;
+    in_place.step(s);
+    const OutputsView got = in_place.read_outputs();
+    ASSERT_EQ(got.out.numel(), want.out.numel());
+    ASSERT_EQ(got.lse.numel(), want.lse.numel());
+    EXPECT_EQ(std::memcmp(got.out.ptr(), want.out.ptr(), want.out.data.size() * sizeof(float)), 0) << "step " << step;
+    EXPECT_EQ(std::memcmp(got.lse.ptr(), want.lse.ptr(), want.lse.data.size() * sizeof(float)), 0) << "step " << step;
+    const Inputs values = testing::values_only(e.host);
+    const auto err = experiments::compare_outputs(want, reference::dense_attention<double>(values, validate(values)));
+    EXPECT_TRUE(err.ok()) << "step " << step << ": max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+  }
+  // The last step selected nothing: zeros and -inf in the runner's arrays too.
+  const OutputsView last = in_place.read_outputs();
+  for (int64_t i = 0; i < last.out.numel(); ++i) ASSERT_EQ(last.out.ptr()[i], 0.f);
+  for (int64_t i = 0; i < last.lse.numel(); ++i) ASSERT_TRUE(std::isinf(last.lse.ptr()[i]) && last.lse.ptr()[i] < 0);
+  // A q that is not the plan's shape is refused, naming q (here a view of the staging past it).
+  StorageView big = e.step_inputs().q;
+  big.data = in_place.q_staging(1, Engine::Hq);
+  big.shape[0] = 4096;
+  try {
+    in_place.prepare(in_place.plan(), big);
+    FAIL() << "a q of another shape than the plan's was taken";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("q"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(in_place.q_staging(1, Engine::Hq + 1), InputError);
+}
+
 std::vector<Param> params() {
   std::vector<Param> ps;
   for (const char* target : {"host-vulkan", "host-cuda"}) {

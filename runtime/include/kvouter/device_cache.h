@@ -97,6 +97,11 @@ class DeviceArray {
                           UploadBatch* batch = nullptr);
   // Copies the view's elements (without padding rows) back into `dst`.
   void download(void* dst);
+  // The same, by the device's copy straight into `dst` (no host staging: page-locked memory, as
+  // the step runner's read_outputs() reads into, takes the DMA at full rate).
+  void download_direct(void* dst);
+  // The host staging (nullptr without one): page-locked on CUDA; valid until the allocation grows.
+  void* host_data() { return staging_ ? host_.data() : nullptr; }
   halide_buffer_t* buffer() { return &view_; }
   int64_t capacity_bytes() const { return capacity_; }
   // Vulkan read-backs and batched uploads through our own staging (vulkan_read_device,
@@ -241,6 +246,14 @@ class DeviceStepRunner {
   void launch();
   // Reads the last step's outputs into `out` ([Tq, Hq, D] and [Tq, Hq], SPEC's -inf for empty rows).
   void read_outputs(const OutputsView& out);
+  // The same into the runner's own host arrays (page-locked on CUDA: the device copies straight
+  // into them, with no host copy), returned as views: valid until the next read_outputs().
+  OutputsView read_outputs();
+  // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
+  // page-locked on CUDA). A step whose StepInputs::q views this memory, with that shape, uploads
+  // it as it lies: an engine that writes q here has no host copy in its step. Valid until the
+  // next call of q_staging (a larger shape may move it).
+  void* q_staging(int64_t Tq, int64_t Hq);
   const StepTiming& timing() const { return timing_; }
   const Plan& plan() const { return *plan_; }
   // The last prepared kernels' name (an AOT variant's, or the JIT's key); empty before a step.
@@ -268,6 +281,9 @@ class DeviceStepRunner {
   // Host scratch, reused across steps.
   std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;  // segmented pools only
   std::vector<int64_t> seg_count_;
+  // read_outputs()'s host arrays (page-locked on CUDA), grown as needed.
+  struct HostOutputs;
+  std::unique_ptr<HostOutputs> host_out_;
 };
 
 }  // namespace kvouter::halide
