@@ -16,6 +16,8 @@
 #include "case_gen.h"
 #include "schedules.h"
 #include "tuner.h"
+#include "registry.h"
+#include "kvouter/jit.h"
 
 namespace kvouter::experiments {
 namespace {
@@ -144,6 +146,21 @@ TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
   opt.repeats = 2;
   opt.max_candidates = 3;
   ASSERT_EQ(run_tune(opt), 0);
+  {
+    // A sample of the space holds the untuned default's own point: a sampled winner is never
+    // slower than the default it replaces.
+    // (tiny's block is 32 positions: the default chunk of 64 is the whole block, 32.)
+    const pipeline::Knobs def = pipeline::resolve_knobs({}, Halide::Target(halide::resolve_target("host")));
+    const std::string want = Candidate{default_cpu_schedule(), {{"T", "0"}, {"chunk", "32"},
+                                                                {"rows", std::to_string(def.rows)},
+                                                                {"unroll", std::to_string(def.unroll)}}}.key();
+    std::ifstream f(opt.log);
+    std::string seen;
+    for (std::string l; std::getline(f, l);) {
+      if (!l.empty()) seen += nlohmann::json::parse(l).value("candidate", "") + "; ";
+    }
+    EXPECT_NE(seen.find(want + ";"), std::string::npos) << want << " not among the sampled candidates: " << seen;
+  }
   auto lines = [&] {
     std::ifstream f(opt.log);
     int n = 0;
