@@ -53,17 +53,19 @@ def main(path: str) -> int:
     if loops:
         if any(sd.get("runs") for sd in doc.get("results", [])):
             print()
-        print("| shape | dtype | target | pool | steps | step ms | plan | uploads | kernels | read-back | step / kernels | checks |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| shape | dtype | target | pool | staging | steps | step ms | plan | uploads | kernels | read-back | step / kernels | checks |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for sd, lp in loops:
             if "error" in lp:
-                print(f"| {sd['shape']} | {sd.get('dtype', 'float32')} | {lp.get('target')} | {lp.get('pool')} | error: "
-                      f"{str(lp['error'])[:80]} |" + " |" * 7)
+                print(f"| {sd['shape']} | {sd.get('dtype', 'float32')} | {lp.get('target')} | {lp.get('pool')} | "
+                      f"{lp.get('staging', 'copy')} | error: {str(lp['error'])[:80]} |" + " |" * 7)
                 continue
             m = lambda k: (lp.get(k) or {}).get("median")
             ok = all(c.get("within_tolerance") for c in lp.get("checks", []))
+            # staging: the engine's q and outputs copied by the step (copy; every file before
+            # 2026-12-03), or in the runner's staging (in_place, DeviceStepRunner::q_staging)
             print(f"| {sd['shape']} | {lp.get('dtype', sd.get('dtype', 'float32'))} | {lp.get('target')} | {lp.get('pool')} | "
-                  f"{lp.get('steps', '-')} | {fmt(m('step_ms'), '.3f')} | {fmt(m('plan_ms'), '.3f')} | {fmt(m('upload_ms'), '.3f')} | "
+                  f"{lp.get('staging', 'copy')} | {lp.get('steps', '-')} | {fmt(m('step_ms'), '.3f')} | {fmt(m('plan_ms'), '.3f')} | {fmt(m('upload_ms'), '.3f')} | "
                   f"{fmt(m('kernel_ms'), '.3f')} | {fmt(m('readback_ms'), '.3f')} | {fmt(lp.get('step_over_kernels'), '.2f')} | "
                   f"{len(lp.get('checks', []))} {'matched' if ok else 'DIFFER'} |")
     return 0
