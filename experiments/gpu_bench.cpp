@@ -315,23 +315,24 @@ int run(int argc, char** argv) {
       shape_doc["runs"].push_back(r);
       write_partial();
     }
-    const size_t per_target = loop_pools.size() * loop_staging.size();
-    for (int li = 0; loop > 0 && li < static_cast<int>(targets.size() * per_target); ++li) {
-      const std::string& target = targets[static_cast<size_t>(li) / per_target];
-      const std::string& pool = loop_pools[static_cast<size_t>(li) % per_target / loop_staging.size()];
-      const std::string& staging = loop_staging[static_cast<size_t>(li) % loop_staging.size()];
-      const bool decode = in.q.shape[0] == in.cu_seqlens_q.numel() - 1;
-      experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
-      lo.in_place = staging == "in_place";
-      try {
-        json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
-        l["pool"] = pool;
-        shape_doc["loops"].push_back(l);
-      } catch (const std::exception& e) {
-        shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"error", e.what()}});
-        std::fprintf(stderr, "%s loop %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(), e.what());
+    const bool decode = in.q.shape[0] == in.cu_seqlens_q.numel() - 1;
+    for (const std::string& target : loop > 0 ? targets : std::vector<std::string>{}) {
+      for (const std::string& pool : loop_pools) {
+        for (const std::string& staging : loop_staging) {
+          experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
+          lo.in_place = staging == "in_place";
+          try {
+            json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
+            l["pool"] = pool;
+            shape_doc["loops"].push_back(l);
+          } catch (const std::exception& e) {
+            shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"staging", staging}, {"error", e.what()}});
+            std::fprintf(stderr, "%s loop %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
+                         staging.c_str(), e.what());
+          }
+          write_partial();
+        }
       }
-      write_partial();
     }
     doc["results"].push_back(shape_doc);
   }

@@ -134,22 +134,19 @@ int run_tune(const TuneOptions& opt) {
   const double warmup_ms = opt.warmup_ms >= 0 ? opt.warmup_ms : is_vulkan_target(opt.target) ? 2000.0 : 0.0;
   if (opt.max_candidates > 0 && static_cast<int>(space.size()) > opt.max_candidates) {
     // The untuned default's own point first (so that a sample never crowns a point slower than
-    // what the default already runs), every autoscheduled twin, and an even spread over the
-    // manual schedules' knob space.
-    // (Its chunk as the generator takes it: at most the block; 0 is the whole block.)
-    std::set<std::string> def_keys;  // on a GPU the default is the tuning database's (none here)
+    // what the default already runs; its chunk as the generator takes it, at most the block),
+    // every autoscheduled twin, and an even spread over the manual schedules' knob space. On a
+    // GPU the default is the tuning database's: no point of its own here.
+    std::string def_key;
     if (!is_vulkan_target(opt.target)) {
       const pipeline::Knobs def = pipeline::resolve_knobs({}, Halide::Target(target));
-      const int64_t chunk = def.chunk == 0 ? shape.block_size : std::min<int64_t>(def.chunk, shape.block_size);
-      for (const std::string& ch : {std::to_string(chunk), std::string(chunk == shape.block_size ? "0" : "")}) {
-        if (ch.empty()) continue;
-        def_keys.insert(Candidate{default_cpu_schedule(), {{"T", std::to_string(knob_defaults::T)}, {"chunk", ch},
-                                                           {"rows", std::to_string(def.rows)}, {"unroll", std::to_string(def.unroll)}}}.key());
-      }
+      def_key = Candidate{default_cpu_schedule(), {{"T", std::to_string(knob_defaults::T)},
+                                                   {"chunk", std::to_string(std::min<int64_t>(def.chunk, shape.block_size))},
+                                                   {"rows", std::to_string(def.rows)}, {"unroll", std::to_string(def.unroll)}}}.key();
     }
     std::vector<Candidate> manual, picked;
     for (const auto& c : space) {
-      if (def_keys.count(c.key())) picked.insert(picked.begin(), c);
+      if (c.key() == def_key) picked.insert(picked.begin(), c);
       else (c.knobs.empty() ? picked : manual).push_back(c);
     }
     if (static_cast<int>(picked.size()) > opt.max_candidates) picked.resize(static_cast<size_t>(opt.max_candidates));

@@ -106,14 +106,27 @@ DeviceArraySpec DeviceArraySpec::of(const std::string& target, const halide_devi
   return s;
 }
 
+PinnedHost::~PinnedHost() {
+  if (pinned_) cuda_unpin(bytes_.data());
+}
+
+uint8_t* PinnedHost::reserve(size_t bytes) {
+  if (bytes > bytes_.size()) {
+    if (pinned_) cuda_unpin(bytes_.data());
+    pinned_ = false;
+    bytes_.assign(bytes, 0);
+    if (pin_) pinned_ = cuda_pin(bytes_.data(), bytes_.size());
+  }
+  return bytes_.data();
+}
+
 DeviceArray::DeviceArray(halide_type_t type, const DeviceArraySpec& spec, bool host_staging, bool whole_rows)
-    : type_(type), spec_(spec), staging_(host_staging), whole_rows_(whole_rows) {}
+    : type_(type), spec_(spec), staging_(host_staging), whole_rows_(whole_rows), host_(spec.pin) {}
 
 std::atomic<bool> DeviceArray::fast_transfers_{true};
 void DeviceArray::set_fast_transfers(bool on) { fast_transfers_ = on; }
 
 DeviceArray::~DeviceArray() {
-  if (pinned_) cuda_unpin(host_.data());
   if (alloc_.device) dev_free(&alloc_);
 }
 
@@ -130,8 +143,6 @@ void DeviceArray::reserve(int64_t bytes) {
   // Never past what one descriptor may bind: Halide binds the whole allocation.
   const int64_t grown =
       std::min(most / 64 * 64, std::max({bytes, round64(capacity_ + capacity_ / 2), kMinArrayBytes}));
-  if (pinned_) cuda_unpin(host_.data());
-  pinned_ = false;
   alloc_ = halide_buffer_t{};
   alloc_.type = halide_type_t(halide_type_uint, 8);
   alloc_dim_ = halide_dimension_t(0, static_cast<int32_t>(grown), 1);
@@ -139,23 +150,35 @@ void DeviceArray::reserve(int64_t bytes) {
   alloc_.dim = &alloc_dim_;
   check(dev_malloc(&alloc_, spec_.dev), "allocating " + std::to_string(grown) + " device bytes");
   capacity_ = grown;
-  if (staging_) {
-    host_.assign(static_cast<size_t>(grown), 0);
-    if (spec_.pin) pinned_ = cuda_pin(host_.data(), host_.size());
+  if (staging_) host_.reserve(static_cast<size_t>(grown));
+}
+
+namespace {
+
+// A view's shape as allocated (its outermost extent padded to whole 64-byte lines of rows with
+// whole_rows), and its bytes.
+int64_t padded_shape(const std::vector<int64_t>& given, bool whole_rows, int elem_bytes, std::vector<int64_t>* shape) {
+  *shape = given;
+  if (whole_rows && !shape->empty()) {
+    const int64_t m = std::max<int64_t>(64 / elem_bytes, 1);
+    (*shape)[0] = (std::max<int64_t>((*shape)[0], 1) + m - 1) / m * m;
   }
+  int64_t n = 1;
+  for (int64_t e : *shape) n *= std::max<int64_t>(e, 0);
+  return n * elem_bytes;
+}
+
+}  // namespace
+
+bool DeviceArray::fits(const std::vector<int64_t>& given) const {
+  std::vector<int64_t> shape;
+  return round64(padded_shape(given, whole_rows_, type_.bytes(), &shape)) <= capacity_;
 }
 
 halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& given) {
   elements_ = 1;
   for (int64_t e : given) elements_ *= std::max<int64_t>(e, 0);
-  shape_ = given;
-  if (whole_rows_ && !shape_.empty()) {
-    const int64_t m = std::max<int64_t>(64 / type_.bytes(), 1);
-    shape_[0] = (std::max<int64_t>(shape_[0], 1) + m - 1) / m * m;
-  }
-  int64_t n = 1;
-  for (int64_t e : shape_) n *= std::max<int64_t>(e, 0);
-  reserve(n * type_.bytes());
+  reserve(padded_shape(given, whole_rows_, type_.bytes(), &shape_));
   view_ = halide_buffer_t{};
   view_.type = type_;
   view_.device = alloc_.device;
@@ -202,25 +225,15 @@ void DeviceArray::upload_now(const void* data, int64_t count) {
   check(to_device(&raw, spec_.dev), "uploading " + std::to_string(bytes) + " bytes");
 }
 
-void DeviceArray::download_direct(void* dst) {
-  const int64_t bytes = elements_ * type_.bytes();
-  if (bytes == 0) return;
-  if (fast_transfers_ && vulkan_read_device(&alloc_, bytes, dst)) return;
-  halide_dimension_t d;
-  halide_buffer_t raw = byte_view(static_cast<uint8_t*>(dst), alloc_, &d, bytes);
-  d.extent = static_cast<int32_t>(bytes);  // exactly the view's bytes: dst holds no more
-  raw.set_device_dirty(true);
-  check(to_host(&raw), "reading back " + std::to_string(bytes) + " bytes");
-}
-
-void DeviceArray::download(void* dst) {
+void DeviceArray::download(void* dst, bool direct) {
   const int64_t bytes = elements_ * type_.bytes();
   if (fast_transfers_ && vulkan_read_device(&alloc_, bytes, dst)) return;
   halide_dimension_t d;
-  halide_buffer_t raw = byte_view(host_.data(), alloc_, &d, bytes);
+  halide_buffer_t raw = byte_view(direct ? static_cast<uint8_t*>(dst) : host_.data(), alloc_, &d, bytes);
+  if (direct) d.extent = static_cast<int32_t>(bytes);  // exactly the view's bytes: dst holds no more
   raw.set_device_dirty(true);
   check(to_host(&raw), "reading back " + std::to_string(bytes) + " bytes");
-  host_copy(dst, host_.data(), bytes);
+  if (!direct) host_copy(dst, host_.data(), bytes);
 }
 
 // --- DeviceKvCache -----------------------------------------------------------------------------
@@ -585,6 +598,7 @@ void DeviceStepRunner::init(PlanOptions o) {
   o.max_batch_partial_floats = o.max_batch_partial_floats > 0 ? std::min(o.max_batch_partial_floats, most) : most;
   planner_ = Planner(o);
   q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
+  host_out_ = std::make_unique<PinnedHost>(cache_.array_spec().pin);
 }
 
 DeviceStepRunner::~DeviceStepRunner() = default;
@@ -640,11 +654,10 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
-  if (sq.data != nullptr && sq.data == q_->host_data() &&
-      sq.numel() * dtype_bytes(sq.dtype) > q_->capacity_bytes()) {
+  if (sq.data != nullptr && sq.data == q_->host_data() && !q_->fits(sq.shape_vec())) {
     // Larger than q_staging() was sized for: growing the staging would free what q views.
     throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given",
-                     std::to_string(sq.numel()) + " elements");
+                     shape_str(sq.shape_vec()));
   }
   q_->upload(sq.data, sq.numel(), sq.shape_vec(), &uploads_);
   const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
@@ -817,41 +830,14 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
   }
 }
 
-// read_outputs()'s host arrays: out then lse in one allocation, page-locked where the device
-// copies by DMA (CUDA), grown as needed.
-struct DeviceStepRunner::HostOutputs {
-  explicit HostOutputs(bool pin) : pin(pin) {}
-  ~HostOutputs() {
-    if (pinned) cuda_unpin(data.data());
-  }
-  float* reserve(size_t floats) {
-    if (floats > data.size()) {
-      if (pinned) cuda_unpin(data.data());
-      pinned = false;
-      data.assign(floats + floats / 4, 0.f);
-      if (pin) pinned = cuda_pin(data.data(), data.size() * sizeof(float));
-    }
-    return data.data();
-  }
-  bool pin, pinned = false;
-  std::vector<float> data;
-};
-
 OutputsView DeviceStepRunner::read_outputs() {
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
   const Problem& p = plan_->problem;
-  if (!host_out_) host_out_ = std::make_unique<HostOutputs>(cache_.array_spec().pin);
   const size_t n_out = static_cast<size_t>(p.Tq * p.Hq * p.D), n_lse = static_cast<size_t>(p.Tq * p.Hq);
-  float* base = host_out_->reserve(std::max<size_t>(n_out + n_lse, 1));
+  const size_t floats = std::max<size_t>(n_out + n_lse, 1);
+  float* base = reinterpret_cast<float*>(host_out_->reserve((floats + floats / 4) * sizeof(float)));
   OutputsView v(TensorView<float>(base, {p.Tq, p.Hq, p.D}), TensorView<float>(base + n_out, {p.Tq, p.Hq}));
-  auto t = clock_type::now();
-  for (int64_t b = 0; b < used_batches_ && p.Tq > 0; ++b) {
-    Batch& bt = *batches_[static_cast<size_t>(b)];
-    bt.out.download_direct(v.out.ptr() + bt.t0 * p.Hq * p.D);
-    bt.lse.download_direct(v.lse.ptr() + bt.t0 * p.Hq);
-  }
-  finish_lse(v.lse);
-  timing_.readback_ms = ms_since(t);
+  read_into(v, true);
   return v;
 }
 
@@ -864,15 +850,19 @@ void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {
 }
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {
-  auto t = clock_type::now();
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  check_outputs(out, plan_->problem);
+  read_into(out, false);
+}
+
+void DeviceStepRunner::read_into(const OutputsView& out, bool direct) {
+  auto t = clock_type::now();
   const Problem& p = plan_->problem;
-  check_outputs(out, p);
   if (p.Tq == 0) return;
   for (int64_t b = 0; b < used_batches_; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
-    bt.out.download(out.out.ptr() + bt.t0 * p.Hq * p.D);
-    bt.lse.download(out.lse.ptr() + bt.t0 * p.Hq);
+    bt.out.download(out.out.ptr() + bt.t0 * p.Hq * p.D, direct);
+    bt.lse.download(out.lse.ptr() + bt.t0 * p.Hq, direct);
   }
   finish_lse(out.lse);
   timing_.readback_ms = ms_since(t);

@@ -55,6 +55,23 @@ struct DeviceArraySpec {
   static DeviceArraySpec of(const std::string& target, const halide_device_interface_t* dev);
 };
 
+// Host memory for device copies, grown on demand (its contents then lost, zeroed), page-locked
+// when asked and the device is CUDA's (kvouter/cuda_pinned.h: copied by DMA).
+class PinnedHost {
+ public:
+  explicit PinnedHost(bool pin) : pin_(pin) {}
+  ~PinnedHost();
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+  // At least `bytes`.
+  uint8_t* reserve(size_t bytes);
+  uint8_t* data() { return bytes_.data(); }
+
+ private:
+  bool pin_, pinned_ = false;
+  std::vector<uint8_t> bytes_;
+};
+
 // A scratch array on the device: a halide_buffer_t whose device allocation holds `capacity`
 // bytes, viewed at any shape that fits (views share the allocation, at offset 0).
 class DeviceArray;
@@ -95,13 +112,14 @@ class DeviceArray {
   // or, given a batch, at the batch's flush().
   halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
                           UploadBatch* batch = nullptr);
-  // Copies the view's elements (without padding rows) back into `dst`.
-  void download(void* dst);
-  // The same, by the device's copy straight into `dst` (no host staging: page-locked memory, as
-  // the step runner's read_outputs() reads into, takes the DMA at full rate).
-  void download_direct(void* dst);
+  // Copies the view's elements (without padding rows) back into `dst`: through the host staging,
+  // or with `direct` by the device's copy straight into `dst` (page-locked memory, as the step
+  // runner's read_outputs() reads into, takes the DMA at full rate).
+  void download(void* dst, bool direct = false);
   // The host staging (nullptr without one): page-locked on CUDA; valid until the allocation grows.
   void* host_data() { return staging_ ? host_.data() : nullptr; }
+  // Whether a view of `shape` fits the allocation as it is (view() would not grow it).
+  bool fits(const std::vector<int64_t>& shape) const;
   halide_buffer_t* buffer() { return &view_; }
   int64_t capacity_bytes() const { return capacity_; }
   // Vulkan read-backs and batched uploads through our own staging (vulkan_read_device,
@@ -117,10 +135,9 @@ class DeviceArray {
   DeviceArraySpec spec_;
   bool staging_;
   bool whole_rows_;
-  bool pinned_ = false;
   int64_t elements_ = 0;  // the view's elements before padding
   std::vector<int64_t> shape_;  // the view's shape after padding (reused)
-  std::vector<uint8_t> host_;
+  PinnedHost host_;  // the staging (page-locked where spec_.pin)
   int64_t capacity_ = 0;
   halide_buffer_t alloc_{};    // the allocation (1-D, capacity bytes)
   halide_buffer_t view_{};     // the current view
@@ -281,9 +298,9 @@ class DeviceStepRunner {
   // Host scratch, reused across steps.
   std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;  // segmented pools only
   std::vector<int64_t> seg_count_;
-  // read_outputs()'s host arrays (page-locked on CUDA), grown as needed.
-  struct HostOutputs;
-  std::unique_ptr<HostOutputs> host_out_;
+  void read_into(const OutputsView& out, bool direct);
+  // read_outputs()'s host arrays, out then lse (page-locked on CUDA), grown as needed.
+  std::unique_ptr<PinnedHost> host_out_;
 };
 
 }  // namespace kvouter::halide
