@@ -92,10 +92,9 @@ ShapeData& shape_data(const std::string& key) {
   return *slot;
 }
 
-// The plan benchmarks' inputs: a CPU shape's benchmark case; a GPU shape with only the pages its
-// selections reach (the plan never reads K/V; the table keeps its full width).
+// The plan benchmarks' inputs: the shape's case with only the pages its selections reach (the plan
+// never reads K/V, and its cost does not depend on the pool; the table keeps its full width).
 const Inputs& plan_inputs(const std::string& name) {
-  if (name != "gpu-decode" && name != "gpu-prefill") return shape_data(name).in;
   static std::map<std::string, std::unique_ptr<Inputs>> cache;
   auto& slot = cache[name];
   if (!slot) {

@@ -49,8 +49,128 @@ namespace {
 // slot `edge0` on (every head has slots for its bounds, so heads can be planned at once).
 using HeadResult = PlanWorkspace::HeadResult;
 
-// How many sequences ahead a decode plan requests its block-table entries.
-constexpr int64_t kPlanAhead = 2;
+// Decode sequences (one query) are planned in two halves, kDecodeAhead sequences apart: the scan
+// of sequence b + kDecodeAhead (its distinct blocks, and a request for their block-table entries)
+// runs before the units of sequence b are written from its table entries. An engine plans between
+// a step's staging copies, which leave the plan's inputs out of the caches, and each entry is a
+// random line of the block tables (experiments/results/cpu/2026-12-02/plan_cold.md).
+constexpr int64_t kDecodeAhead = 2;
+constexpr int64_t kDecodeRing = kDecodeAhead + 1;
+
+// Scan: decode query t of sequence b's selection row `row` into ring slot `slot`: its distinct
+// valid blocks as set bits, each with its first rank.
+inline void decode_scan(const Problem& p, int64_t b, int64_t t, const int32_t* __restrict row,
+                        const int32_t* __restrict table, PlanWorkspace::HeadScratch& hs, int64_t slot) {
+  const int64_t bs = p.block_size, topk = p.topk, np = p.ppb;
+  const int64_t L = p.kv_len[static_cast<size_t>(b)];
+  const int64_t reach = std::min<int64_t>(L - 1, p.last_position(b, t - p.cu[static_cast<size_t>(b)]));
+  uint64_t* const __restrict bits = hs.ring_bits.data() + slot * hs.ring_words;
+  int32_t* const __restrict first_rank = hs.ring_rank.data() + slot * p.msb;
+  int64_t lo = p.msb, hi = -1;
+  for (int64_t r = 0; r < topk; ++r) {
+    const int32_t id = row[r];
+    if (id < 0 || id * bs > reach) continue;  // padding, beyond L_b, causal future
+    __builtin_prefetch(table + id * np);
+    const uint64_t bit = uint64_t{1} << (id & 63);
+    if (bits[id >> 6] & bit) continue;  // repeated
+    bits[id >> 6] |= bit;
+    first_rank[id] = static_cast<int32_t>(r);
+    lo = std::min<int64_t>(lo, id);
+    hi = std::max<int64_t>(hi, id);
+  }
+  hs.ring_lo[static_cast<size_t>(slot)] = lo;
+  hs.ring_hi[static_cast<size_t>(slot)] = hi;
+}
+
+// The arrays a decode query's units are emitted into, each at the query's first unit / edge slot.
+struct DecodeOut {
+  int32_t* pages;   // unit_pages
+  int32_t* blocks;  // unit_block
+  int32_t* ranks;   // edge_rank
+  int32_t* limits;  // edge_limit
+};
+
+// Emit: the units of the query scanned into ring slot `slot`, in ascending block order (the set
+// bits of its span's words), each with its first rank: its pages, block, rank and limit into
+// `out`. Returns their count and adds the attended positions to *attended; the slot is clear
+// after. Compiled for the common pages-per-block counts (the page reads unrolled).
+template <int64_t kN>
+__attribute__((always_inline)) inline int64_t decode_emit(const Problem& p, int64_t b, int64_t t,
+                                                          const int32_t* __restrict table,
+                                                          PlanWorkspace::HeadScratch& hs, int64_t slot,
+                                                          const DecodeOut& out, int64_t* attended) {
+  const int64_t np = kN > 0 ? kN : p.ppb;
+  const int64_t ps = p.page_size, bs = p.block_size, num_pages = p.num_pages;
+  const int64_t L = p.kv_len[static_cast<size_t>(b)];
+  const int64_t last = p.last_position(b, t - p.cu[static_cast<size_t>(b)]);
+  uint64_t* const __restrict bits = hs.ring_bits.data() + slot * hs.ring_words;
+  const int32_t* const __restrict first_rank = hs.ring_rank.data() + slot * p.msb;
+  int32_t* const __restrict pages = out.pages;
+  int32_t* const __restrict blocks = out.blocks;
+  int32_t* const __restrict ranks = out.ranks;
+  int32_t* const __restrict limits = out.limits;
+  const int64_t lo = hs.ring_lo[static_cast<size_t>(slot)], hi = hs.ring_hi[static_cast<size_t>(slot)];
+  int64_t n = 0, att = 0;
+  for (int64_t w = lo >> 6; w <= hi >> 6 && hi >= 0; ++w) {
+    const uint64_t word_bits = bits[w];
+    bits[w] = 0;
+    for (uint64_t word = word_bits; word != 0; word &= word - 1) {
+      const int32_t id = static_cast<int32_t>(w * 64 + __builtin_ctzll(word));
+      const int64_t start = id * bs;
+      const int32_t* const src = table + id * np;
+      int32_t* const dst = pages + n * np;
+      const int64_t limit = std::min(bs, last + 1 - start);
+      int64_t avail = 0;
+      bool in_range = start + bs <= L;  // the whole block before L_b: every page read as it is
+      if (in_range) {
+        uint32_t any_bad = 0;
+        for (int64_t j = 0; j < np; ++j) {
+          const int32_t page = src[j];
+          dst[j] = page;
+          any_bad |= static_cast<uint32_t>(static_cast<int64_t>(static_cast<uint32_t>(page)) >= num_pages);
+        }
+        in_range = any_bad == 0;
+        avail = bs;
+      }
+      if (!in_range) {  // the block's tail past L_b, or an unallocated (negative) or bad page id
+        avail = 0;
+        for (int64_t j = 0; j < np; ++j) {
+          const int64_t pos = start + j * ps;
+          int32_t page = pos < L ? src[j] : layout::kNoPage;
+          if (page >= num_pages) bad_table_entry(b, id * np + j, num_pages, page);
+          page = page < 0 ? layout::kNoPage : page;
+          dst[j] = page;
+          avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - pos, 0, ps);
+        }
+        if (avail == 0) continue;  // no allocated page
+      }
+      if (limit >= std::min(bs, L - start)) {
+        att += avail;  // the whole block up to L_b (decode's every edge)
+      } else {
+        for (int64_t j = 0; j < np && j * ps < limit; ++j) {
+          if (dst[j] != layout::kNoPage) att += std::min(ps, limit - j * ps);
+        }
+      }
+      blocks[n] = id;
+      ranks[n] = first_rank[id];
+      limits[n++] = static_cast<int32_t>(limit);
+    }
+  }
+  *attended += att;
+  return n;
+}
+
+__attribute__((noinline)) int64_t plan_decode_emit(const Problem& p, int64_t b, int64_t t, const int32_t* table,
+                                                   PlanWorkspace::HeadScratch& hs, int64_t slot, const DecodeOut& out,
+                                                   int64_t* attended) {
+  switch (p.ppb) {
+    case 1: return decode_emit<1>(p, b, t, table, hs, slot, out, attended);
+    case 2: return decode_emit<2>(p, b, t, table, hs, slot, out, attended);
+    case 4: return decode_emit<4>(p, b, t, table, hs, slot, out, attended);
+    case 8: return decode_emit<8>(p, b, t, table, hs, slot, out, attended);
+    default: return decode_emit<0>(p, b, t, table, hs, slot, out, attended);
+  }
+}
 
 void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace::HeadScratch& hs, KvIndex& ix,
                 int64_t unit0, int64_t edge0, HeadResult* result) {
@@ -78,6 +198,7 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
   int32_t* const inverse = ix.inverse.data();
   int64_t units = unit0, base = edge0;  // the next unit and edge slots
   int64_t attended = 0;
+  int64_t scanned = 0;  // decode sequences before it are scanned (decode_scan)
     for (int64_t b = 0; b < p.B; ++b) {
       const int64_t L = p.kv_len[static_cast<size_t>(b)];
       const int64_t t_begin = p.cu[static_cast<size_t>(b)], t_end = p.cu[static_cast<size_t>(b) + 1];
@@ -106,77 +227,30 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
         return a;
       };
       if (t_end - t_begin == 1) {
-        // The table entries of the sequence kPlanAhead on, requested now: an engine plans between
-        // a step's staging copies, which leave the plan's inputs out of the caches, and each entry
-        // is a random line of the block tables (gpu-decode's plan after 64 MiB of other traffic:
-        // 172 against 232 us without; experiments/results/cpu/2026-12-02/plan_cold.md).
-        if (const int64_t ab = b + kPlanAhead; ab < p.B && p.cu[static_cast<size_t>(ab) + 1] - p.cu[static_cast<size_t>(ab)] == 1) {
-          const int32_t* const arow = sel + (p.cu[static_cast<size_t>(ab)] * Hkv + h) * topk;
-          const int32_t* const atable = tables + ab * max_pages;
-          for (int64_t r = 0; r < topk; ++r) {
-            const int64_t id = arow[r];
-            if (id >= 0 && id * ippb < max_pages) __builtin_prefetch(atable + id * ippb);
-          }
-        }
         // One query (decode): its distinct valid blocks are the units, one edge each, in
-        // ascending block order (the set bits of the span's words); a repeated block's first rank
-        // is its edge. Compiled for the common pages-per-block counts (the page reads unrolled).
-        auto decode = [&](auto pages_per_block) {
-          constexpr int64_t kN = decltype(pages_per_block)::value;
-          const int64_t np = kN > 0 ? kN : ippb;
-          const int64_t t = t_begin, last = p.last_position(b, 0);
-          const int32_t* const row = sel + (t * Hkv + h) * topk;
-          int64_t lo = p.msb, hi = -1;
-          for (int64_t r = 0; r < topk; ++r) {
-            const int32_t id = row[r];
-            if (id < 0 || id * bs >= L || id * bs > last) continue;  // padding, beyond L_b, causal future
-            __builtin_prefetch(table + id * np);
-            const uint64_t bit = uint64_t{1} << (id & 63);
-            if (touched_bits[id >> 6] & bit) continue;  // repeated
-            touched_bits[id >> 6] |= bit;
-            count[id] = static_cast<int32_t>(r);
-            lo = std::min<int64_t>(lo, id);
-            hi = std::max<int64_t>(hi, id);
+        // ascending block order; a repeated block's first rank is its edge. The scans run
+        // kDecodeAhead sequences ahead of the emits (above); each index array is then written in
+        // its own loop, so that no loop keeps more pointers live than there are registers.
+        for (; scanned < p.B && scanned <= b + kDecodeAhead; ++scanned) {
+          if (p.qo_len(scanned) == 1) {
+            const int64_t st = p.cu[static_cast<size_t>(scanned)];
+            decode_scan(p, scanned, st, sel + (st * Hkv + h) * topk, tables + scanned * max_pages, hs,
+                        scanned % kDecodeRing);
           }
-          for (int64_t w = lo >> 6; w <= hi >> 6 && hi >= 0; ++w) {
-            for (uint64_t bits = touched_bits[w]; bits != 0; bits &= bits - 1) {
-              const int32_t id = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
-              const int32_t r = count[id];
-              count[id] = 0;
-              int32_t* const pages = unit_pages + units * np;
-              const int64_t start = id * bs;
-              const int32_t* const src = table + id * np;
-              int64_t avail = 0;
-              for (int64_t j = 0; j < np; ++j) {
-                const int64_t pos = start + j * ps;
-                int32_t page = pos < L ? src[j] : layout::kNoPage;
-                if (page >= num_pages) bad_table_entry(b, id * np + j, num_pages, page);
-                page = page < 0 ? layout::kNoPage : page;
-                pages[j] = page;
-                avail += page == layout::kNoPage ? 0 : std::clamp<int64_t>(L - pos, 0, ps);
-              }
-              if (avail == 0) continue;  // no allocated page
-              const int64_t limit = std::min(bs, last + 1 - start);
-              attended += attended_to(pages, start, limit, avail);
-              unit_head[units] = static_cast<int32_t>(h);
-              unit_batch[units] = static_cast<int32_t>(b);
-              unit_block[units] = id;
-              edge_query[base] = static_cast<int32_t>(t);
-              edge_rank[base] = r;
-              edge_limit[base] = static_cast<int32_t>(limit);
-              inverse[(t * Hkv + h) * topk + r] = static_cast<int32_t>(base);
-              unit_edge_end[units++] = ++base;
-            }
-            touched_bits[w] = 0;
-          }
-        };
-        switch (ippb) {
-          case 1: decode(std::integral_constant<int64_t, 1>{}); break;
-          case 2: decode(std::integral_constant<int64_t, 2>{}); break;
-          case 4: decode(std::integral_constant<int64_t, 4>{}); break;
-          case 8: decode(std::integral_constant<int64_t, 8>{}); break;
-          default: decode(std::integral_constant<int64_t, 0>{});
         }
+        const int64_t n = plan_decode_emit(p, b, t_begin, table, hs, b % kDecodeRing,
+                                           {unit_pages + units * ippb, unit_block + units, edge_rank + base, edge_limit + base},
+                                           &attended);
+        const int32_t t = static_cast<int32_t>(t_begin);
+        int32_t* const inv = inverse + (t * Hkv + h) * topk;
+        for (int64_t i = 0; i < n; ++i) {
+          unit_batch[units + i] = static_cast<int32_t>(b);
+          unit_edge_end[units + i] = base + i + 1;
+          edge_query[base + i] = t;
+        }
+        for (int64_t i = 0; i < n; ++i) inv[edge_rank[base + i]] = static_cast<int32_t>(base + i);
+        units += n;
+        base += n;
         continue;
       }
       const int64_t hb = ++hs.generation;  // stamps this (head, sequence)'s reads of its table
@@ -227,7 +301,6 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
         count[id] = static_cast<int32_t>(offset);  // now the unit's cursor
         offset += c;
         const int64_t u = units + k;
-        unit_head[u] = static_cast<int32_t>(h);
         unit_batch[u] = static_cast<int32_t>(b);
         unit_block[u] = id;
         unit_edge_end[u] = offset;
@@ -245,6 +318,7 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
       units += nu;
       base += n;
     }
+  std::fill(unit_head + unit0, unit_head + units, static_cast<int32_t>(h));  // every unit here is head h's
   result->unit0 = unit0;
   result->edge0 = edge0;
   result->units = units - unit0;
@@ -339,6 +413,13 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
       hs.pages.assign(msb * ppb, layout::kNoPage);
       hs.avail.assign(msb, 0);
       hs.count.assign(msb, 0);
+    }
+    if (hs.ring_rank.size() < static_cast<size_t>(kDecodeRing) * msb) {
+      hs.ring_words = static_cast<int64_t>((msb + 63) / 64);
+      hs.ring_bits.assign(static_cast<size_t>(kDecodeRing * hs.ring_words), 0);
+      hs.ring_rank.assign(static_cast<size_t>(kDecodeRing) * msb, 0);
+      hs.ring_lo.assign(static_cast<size_t>(kDecodeRing), 0);
+      hs.ring_hi.assign(static_cast<size_t>(kDecodeRing), -1);
     }
     if (hs.edges.size() < static_cast<size_t>(max_group_edges)) hs.edges.resize(static_cast<size_t>(max_group_edges));
     if (hs.touched.size() < static_cast<size_t>(max_group_edges)) hs.touched.resize(static_cast<size_t>(max_group_edges));
@@ -535,6 +616,15 @@ const Plan& Planner::plan(const InputsView& in) { return build(in, true); }
 const Plan& Planner::plan_checked_tables(const InputsView& in) { return build(in, false); }
 
 const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
+  try {
+    return build_step(in, check_block_tables);
+  } catch (...) {
+    ws_ = PlanWorkspace{};  // a plan stopped by bad input may leave its scratch marks set
+    throw;
+  }
+}
+
+const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;

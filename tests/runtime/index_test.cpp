@@ -358,6 +358,37 @@ TEST(Planner, ChecksTheTableEntriesASelectionReaches) {
   EXPECT_NO_THROW(planner.plan_checked_tables(in));
 }
 
+TEST(Planner, APlanAfterABadEntryIsAFreshPlan) {
+  // Decode sequences are scanned ahead of their units (plan.cpp's ring): a bad page id met while
+  // sequence 0's units are written leaves sequences 1 and 2 scanned. The planner's next step, with
+  // other selections there, must plan what a fresh planner plans.
+  experiments::CaseSpec s = experiments::named_shape("decode");
+  s.D = 1;  // the plan never reads K/V
+  s.kv = std::vector<int64_t>(s.kv.size(), 4096);
+  Inputs in = experiments::make_case(s);
+  const int64_t Hkv = in.selected.shape[1], topk = in.selected.shape[2], ppb = s.block_size / s.page_size;
+  for (bool parallel : {false, true}) {
+    SCOPED_TRACE(parallel ? "heads at once" : "one thread");
+    PlanOptions opt;
+    opt.parallel_heads = parallel;
+    Planner planner(opt);
+    planner.plan_checked_tables(in);
+    Inputs bad = in;
+    const int32_t id = bad.selected.data[0];  // sequence 0, head 0, rank 0
+    ASSERT_GE(id, 0);
+    bad.block_tables.data[static_cast<size_t>(id * ppb)] = 1 << 30;
+    EXPECT_THROW(planner.plan_checked_tables(bad), InputError);
+    Inputs next = in;
+    for (int64_t t = 1; t <= 2; ++t) {  // sequences 1 and 2: every head's blocks moved down by one
+      for (int64_t k = 0; k < Hkv * topk; ++k) {
+        int32_t& x = next.selected.data[static_cast<size_t>(t * Hkv * topk + k)];
+        x = x > 0 ? x - 1 : x;
+      }
+    }
+    expect_same_plan(planner.plan_checked_tables(next), make_plan(next));
+  }
+}
+
 TEST(Planner, AStepOfTheSameSizeAllocatesNothing) {
   experiments::CaseSpec s = experiments::named_shape("decode");
   s.D = 1;  // the plan never reads K/V: decode's geometry with one channel

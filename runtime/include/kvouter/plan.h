@@ -51,6 +51,12 @@ struct PlanWorkspace {
     std::vector<uint64_t> touched_bits;  // [ceil(msb / 64)] blocks of the current (head, sequence)
     std::vector<int32_t> touched;        // the same, ascending
     std::vector<Edge> edges;           // edges of the current (head, sequence), in (query, rank) order
+    // Decode sequences scanned ahead of their units (plan.cpp, kDecodeAhead), a ring of slots:
+    // per slot the blocks taken (bits, clear after use), each one's first rank, the span.
+    int64_t ring_words = 0;
+    std::vector<uint64_t> ring_bits;   // [slots, ring_words]
+    std::vector<int32_t> ring_rank;    // [slots, msb]
+    std::vector<int64_t> ring_lo, ring_hi;  // [slots]
   };
   struct HeadResult {
     int64_t unit0 = 0, edge0 = 0;  // the head's first unit and edge slots
@@ -170,6 +176,7 @@ class Planner {
 
  private:
   const Plan& build(const InputsView& in, bool check_block_tables);
+  const Plan& build_step(const InputsView& in, bool check_block_tables);
   PlanOptions opt_;
   Plan plan_;
   PlanWorkspace ws_;
