@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "kvouter/errors.h"
@@ -172,8 +173,8 @@ __attribute__((noinline)) int64_t plan_decode_emit(const Problem& p, int64_t b, 
   }
 }
 
-void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace::HeadScratch& hs, KvIndex& ix,
-                int64_t unit0, int64_t edge0, HeadResult* result) {
+void build_head(const InputsView& in, const Problem& p, int64_t h, int64_t b0, int64_t b1, PlanWorkspace::HeadScratch& hs,
+                KvIndex& ix, int64_t unit0, int64_t edge0, HeadResult* result) {
   const size_t ppb = static_cast<size_t>(p.ppb);
   const int64_t ps = p.page_size, bs = p.block_size, Hkv = p.Hkv, topk = p.topk, max_pages = p.max_pages;
   const int64_t ippb = p.ppb, num_pages = p.num_pages;
@@ -198,8 +199,8 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
   int32_t* const inverse = ix.inverse.data();
   int64_t units = unit0, base = edge0;  // the next unit and edge slots
   int64_t attended = 0;
-  int64_t scanned = 0;  // decode sequences before it are scanned (decode_scan)
-    for (int64_t b = 0; b < p.B; ++b) {
+  int64_t scanned = b0;  // decode sequences before it are scanned (decode_scan)
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t L = p.kv_len[static_cast<size_t>(b)];
       const int64_t t_begin = p.cu[static_cast<size_t>(b)], t_end = p.cu[static_cast<size_t>(b) + 1];
       const int32_t* const table = tables + b * max_pages;
@@ -231,7 +232,7 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
         // ascending block order; a repeated block's first rank is its edge. The scans run
         // kDecodeAhead sequences ahead of the emits (above); each index array is then written in
         // its own loop, so that no loop keeps more pointers live than there are registers.
-        for (; scanned < p.B && scanned <= b + kDecodeAhead; ++scanned) {
+        for (; scanned < b1 && scanned <= b + kDecodeAhead; ++scanned) {
           if (p.qo_len(scanned) == 1) {
             const int64_t st = p.cu[static_cast<size_t>(scanned)];
             decode_scan(p, scanned, st, sel + (st * Hkv + h) * topk, tables + scanned * max_pages, hs,
@@ -326,24 +327,40 @@ void build_head(const InputsView& in, const Problem& p, int64_t h, PlanWorkspace
   result->attended = attended;
 }
 
+// Task i of the plan: KV head i / chunks, sequences [chunk_begin(i % chunks), chunk_begin(i % chunks + 1)).
 struct HeadsTask {
   const InputsView* in;
   const Problem* p;
   PlanWorkspace* ws;
   KvIndex* ix;
-  int64_t units_per_head, edges_per_head;
+  int64_t units_per_head, edges_per_head, chunks;
   HeadResult* results;
+  int64_t chunk_begin(int64_t c) const { return c * p->B / chunks; }
+  // Task i's first unit and edge slots: its head's, then the bounds of the head's earlier sequences.
+  void run(int64_t i, PlanWorkspace::HeadScratch& hs) const {
+    const int64_t h = i / chunks, b0 = chunk_begin(i % chunks), b1 = chunk_begin(i % chunks + 1);
+    const size_t s0 = static_cast<size_t>(b0);
+    build_head(*in, *p, h, b0, b1, hs, *ix, h * units_per_head + ws->seq_units[s0], h * edges_per_head + ws->seq_edges[s0],
+               &results[i]);
+  }
 };
 
-int head_task(void*, int h, uint8_t* closure) {
+int head_task(void*, int i, uint8_t* closure) {
   const HeadsTask& c = *reinterpret_cast<const HeadsTask*>(closure);
   try {
-    build_head(*c.in, *c.p, h, c.ws->heads[static_cast<size_t>(h)], *c.ix, h * c.units_per_head, h * c.edges_per_head,
-               &c.results[h]);
+    c.run(i, c.ws->heads[static_cast<size_t>(i)]);
   } catch (...) {
-    c.results[h].error = std::current_exception();  // rethrown by the caller, in head order
+    c.results[i].error = std::current_exception();  // rethrown by the caller, in task order
   }
   return 0;
+}
+
+// Heads at once: each head's sequences in enough chunks that the pool's threads all have tasks
+// (a decode step has few KV heads and many sequences), never a chunk of fewer than 8 sequences.
+int64_t chunks_per_head(const Problem& p, int64_t asked) {
+  if (asked > 0) return std::clamp<int64_t>(asked, 1, std::max<int64_t>(p.B, 1));
+  const int64_t threads = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  return std::clamp<int64_t>((threads + p.Hkv - 1) / p.Hkv, 1, std::max<int64_t>(p.B / 8, 1));
 }
 
 // The unit and edge arrays sized to `units` and `edges` (resize: a size seen before allocates
@@ -370,7 +387,8 @@ void move_slots(std::vector<T>& v, int64_t from, int64_t to, int64_t n, int64_t 
 
 }  // namespace
 
-void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out, bool parallel) {
+void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* out, bool parallel,
+                         int64_t sequence_chunks) {
   KvIndex& ix = *out;
   ix.attended_pairs = 0;
   ix.inverse.assign(static_cast<size_t>(p.Tq * p.Hkv * p.topk), -1);
@@ -389,20 +407,29 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   // of their bounds, moved together after (nothing moves where every bound is met, as in decode
   // without repeats); in order, each head starts where the last ended.
   int64_t head_edges = 0, head_units = 0, max_group_edges = 0;
+  ws.seq_units.resize(static_cast<size_t>(p.B) + 1);
+  ws.seq_edges.resize(static_cast<size_t>(p.B) + 1);
   for (int64_t b = 0; b < p.B; ++b) {
+    ws.seq_units[static_cast<size_t>(b)] = head_units;
+    ws.seq_edges[static_cast<size_t>(b)] = head_edges;
     const int64_t n = p.qo_len(b) * topk;
     const int64_t blocks = (p.kv_len[static_cast<size_t>(b)] + bs - 1) / bs;
     head_edges += n;
     head_units += std::min(n, blocks);
     max_group_edges = std::max(max_group_edges, n);
   }
+  ws.seq_units[static_cast<size_t>(p.B)] = head_units;
+  ws.seq_edges[static_cast<size_t>(p.B)] = head_edges;
   if (head_edges * Hkv >= std::numeric_limits<int32_t>::max()) {
     throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(head_edges * Hkv));
   }
   const int64_t max_units = head_units * Hkv, max_edges = head_edges * Hkv;
   size_index(ix, max_units, max_edges, ppb);
-  // Scratch: one set per head planned at once (stamps never cleared: they grow once).
-  const size_t sets = parallel ? static_cast<size_t>(Hkv) : 1;
+  // Tasks: a head's sequences in chunks (heads at once), or each head whole. Scratch: one set
+  // per task planned at once (stamps never cleared: they grow once).
+  const bool at_once = parallel && Hkv * chunks_per_head(p, sequence_chunks) > 1;
+  const int64_t chunks = at_once ? chunks_per_head(p, sequence_chunks) : 1, tasks = Hkv * chunks;
+  const size_t sets = at_once ? static_cast<size_t>(tasks) : 1;
   if (ws.heads.size() < sets) ws.heads.resize(sets);
   for (size_t i = 0; i < sets; ++i) {
     PlanWorkspace::HeadScratch& hs = ws.heads[i];
@@ -424,25 +451,28 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     if (hs.edges.size() < static_cast<size_t>(max_group_edges)) hs.edges.resize(static_cast<size_t>(max_group_edges));
     if (hs.touched.size() < static_cast<size_t>(max_group_edges)) hs.touched.resize(static_cast<size_t>(max_group_edges));
   }
-  ws.results.assign(static_cast<size_t>(Hkv), {});
+  ws.results.assign(static_cast<size_t>(tasks), {});
   HeadResult* const results = ws.results.data();
-  if (parallel && Hkv > 1) {
-    HeadsTask task{&in, &p, &ws, &ix, head_units, head_edges, results};
-    const int err = detail::par_for(head_task, static_cast<int>(Hkv), &task);
-    for (int64_t h = 0; h < Hkv; ++h) {
-      if (results[h].error) std::rethrow_exception(results[h].error);
+  HeadsTask task{&in, &p, &ws, &ix, head_units, head_edges, chunks, results};
+  if (at_once) {
+    const int err = detail::par_for(head_task, static_cast<int>(tasks), &task);
+    for (int64_t i = 0; i < tasks; ++i) {
+      if (results[i].error) std::rethrow_exception(results[i].error);
     }
     if (err != 0) throw std::runtime_error("plan: Halide's thread pool failed with " + std::to_string(err));
   } else {
     // One after another, each head from where the last ended: nothing moves below.
     for (int64_t h = 0, u = 0, e = 0; h < Hkv; u += results[h].units, e += results[h].edges, ++h) {
-      build_head(in, p, h, ws.heads[0], ix, u, e, &results[h]);
+      build_head(in, p, h, 0, p.B, ws.heads[0], ix, u, e, &results[h]);
     }
   }
-  // The heads' slots, moved together: units, edges, and the edge ids that point at moved edges.
+  // The tasks' slots, moved together: units, edges, and the edge ids that point at moved edges.
   int64_t units = 0, edges = 0, attended = 0;
-  for (int64_t h = 0; h < Hkv; ++h) {
-    const HeadResult& r = results[h];
+  for (int64_t i = 0; i < tasks; ++i) {
+    const HeadResult& r = results[i];
+    const int64_t h = i / chunks;
+    const int64_t t0 = p.cu[static_cast<size_t>(task.chunk_begin(i % chunks))];
+    const int64_t t1 = p.cu[static_cast<size_t>(task.chunk_begin(i % chunks + 1))];
     const int64_t u0 = r.unit0, e0 = r.edge0, shift = edges - e0;
     move_slots(ix.unit_head, u0, units, r.units);
     move_slots(ix.unit_batch, u0, units, r.units);
@@ -454,7 +484,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     move_slots(ix.edge_limit, e0, edges, r.edges);
     if (shift != 0) {
       for (int64_t u = units + 1; u <= units + r.units; ++u) ix.unit_edge_begin[static_cast<size_t>(u)] += shift;
-      for (int64_t t = 0; t < p.Tq; ++t) {
+      for (int64_t t = t0; t < t1; ++t) {  // the task's queries
         int32_t* const row = ix.inverse.data() + (t * Hkv + h) * topk;
         for (int64_t k = 0; k < topk; ++k) row[k] = row[k] < 0 ? row[k] : static_cast<int32_t>(row[k] + shift);
       }
@@ -462,7 +492,7 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
     units += r.units;
     edges += r.edges;
     attended += r.attended;
-    ix.head_unit_begin[static_cast<size_t>(h) + 1] = units;
+    ix.head_unit_begin[static_cast<size_t>(h) + 1] = units;  // the last of the head's tasks sets it
   }
   size_index(ix, units, edges, ppb);
   ix.attended_pairs = attended;
@@ -629,7 +659,7 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
   const Problem& p = plan.problem;
-  build_kvouter_index(in, p, ws_, &plan.index, opt_.parallel_heads);
+  build_kvouter_index(in, p, ws_, &plan.index, opt_.parallel_heads, opt_.sequence_chunks);
   const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
   build_tiles(p, plan.index, T, 0, ws_, &plan.tiles);
   if (opt_.max_batch_partial_floats > 0) {

@@ -426,6 +426,28 @@ TEST(Planner, HeadsPlannedAtOnceGiveTheSamePlan) {
     expect_same_plan(parallel.plan(in), make_plan(in));
     expect_same_plan(parallel.plan_checked_tables(in), make_plan(in));
   }
+  // Each head's sequences in chunks planned at once too (decode steps: many sequences, few
+  // heads), on every kind, and on decode's geometry with 2, 3 and 64 chunks (64: one sequence each).
+  for (const int64_t chunks : {2, 3, 64}) {
+    SCOPED_TRACE("chunks " + std::to_string(chunks));
+    PlanOptions copt = opt;
+    copt.sequence_chunks = chunks;
+    Planner chunked(copt);
+    for (const auto& [name, spec] : varied_kinds()) {
+      SCOPED_TRACE(name);
+      const Inputs in = experiments::make_case(spec);
+      expect_same_plan(chunked.plan(in), make_plan(in));
+    }
+    experiments::CaseSpec d = experiments::named_shape("decode");
+    d.D = 1;  // the plan never reads K/V
+    d.kv = {4096, 64, 1, 4096, 100, 4096, 3000, 17};  // short sequences: bounds not met
+    d.qo = std::vector<int64_t>(d.kv.size(), 1);
+    d.benchmark_selection = false;
+    d.pad_prob = 0.2;  // and padding and repeats
+    d.dup_prob = 0.3;
+    const Inputs din = experiments::make_case(d);
+    expect_same_plan(chunked.plan(din), make_plan(din));
+  }
   experiments::CaseSpec s = experiments::named_shape("tiny");
   s.Hkv = 4;
   s.Hq = 8;

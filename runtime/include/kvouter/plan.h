@@ -63,17 +63,19 @@ struct PlanWorkspace {
     int64_t units = 0, edges = 0, attended = 0;
     std::exception_ptr error;  // a head planned on a worker thread: rethrown in head order
   };
-  std::vector<HeadScratch> heads;
-  std::vector<HeadResult> results;   // [Hkv]
+  std::vector<HeadScratch> heads;    // one per task planned at once
+  std::vector<HeadResult> results;   // [tasks]: a head, or a chunk of a head's sequences
+  std::vector<int64_t> seq_units, seq_edges;  // [B + 1] a head's unit and edge bounds before sequence b
   std::vector<int64_t> cursor;       // [units] build_tiles' per-unit edge cursor
 };
 
 // Linear in the edges: each (head, sequence)'s edges counting-sorted by block (plus a word per 64
 // blocks of the span its selections touch).
-// parallel: the KV heads planned at once on Halide's thread pool (the same index).
+// parallel: the KV heads planned at once on Halide's thread pool, each head's sequences in
+// `sequence_chunks` tasks (0: enough for the machine's threads); the same index.
 KvIndex build_kvouter_index(const InputsView& in, const Problem& p);
 void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* ix,
-                         bool parallel = false);
+                         bool parallel = false, int64_t sequence_chunks = 0);
 
 // Tiles: each work unit split into tiles of at most T edges (layout in tile_layout.h).
 struct TileSet {
@@ -131,9 +133,12 @@ struct PlanOptions {
   // many floats in any one device buffer: partials, or the GPU schedules' per-tile scores and K
   // (GPU backends: the device's storage-buffer limit and Halide's int32 indexing).
   int64_t max_batch_partial_floats = 0;
-  // Plan the KV heads at once on Halide's thread pool (a GPU step's host has the cores to spare);
-  // false: on the calling thread alone.
+  // Plan the KV heads at once on Halide's thread pool (a GPU step's host has the cores to spare),
+  // each head's sequences split into chunks planned at once too; false: on the calling thread alone.
   bool parallel_heads = false;
+  // With parallel_heads: the chunks of each head's sequences; 0 = automatic (the machine's
+  // threads over the KV heads, chunks of at least 8 sequences).
+  int64_t sequence_chunks = 0;
 };
 
 int64_t auto_tile_edges(const KvIndex& index);
