@@ -15,6 +15,7 @@
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"
+#include "thread_pool.h"
 
 namespace kvouter::halide {
 
@@ -625,17 +626,54 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   in.page_size = cs.page_size;
   in.causal = s.causal;
   in.softmax_scale = s.softmax_scale;
-  const Plan& plan = check_block_tables ? planner_.plan(in) : planner_.plan_checked_tables(in);
-  const Kernels& k = pick_(plan);  // before the timing: a refused variant is a planning error
+  // On CUDA, q goes up beside the plan (a task each on Halide's thread pool): the plan reads no
+  // q value, and q's copy is a DMA from page-locked staging that the host only waits for. On
+  // Vulkan the copy joins the step's one batched submission in prepare_with().
+  struct Tasks {
+    DeviceStepRunner* self;
+    const InputsView* in;
+    bool check_block_tables, upload_q;
+    const Plan* plan = nullptr;
+    const Kernels* kernels = nullptr;
+    std::exception_ptr error[2];
+  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), nullptr, nullptr, {}};
+  halide_task_t task = [](void*, int i, uint8_t* closure) -> int {
+    Tasks& c = *reinterpret_cast<Tasks*>(closure);
+    try {
+      if (i == 0) {
+        c.plan = c.check_block_tables ? &c.self->planner_.plan(*c.in) : &c.self->planner_.plan_checked_tables(*c.in);
+        c.kernels = &c.self->pick_(*c.plan);  // before the timing: a refused variant is a planning error
+      } else if (c.upload_q) {
+        c.self->upload_q(c.in->q, true);
+      }
+    } catch (...) {
+      c.error[i] = std::current_exception();
+    }
+    return 0;
+  };
+  const int err = tasks.upload_q ? detail::par_for(task, 2, &tasks) : task(nullptr, 0, reinterpret_cast<uint8_t*>(&tasks));
+  for (const std::exception_ptr& e : tasks.error) {
+    if (e) std::rethrow_exception(e);  // the plan's error first
+  }
+  if (err != 0) throw std::runtime_error("device step: Halide's thread pool failed with " + std::to_string(err));
   const double plan_ms = ms_since(t);
-  prepare_with(plan, k, s.q);
+  prepare_with(*tasks.plan, *tasks.kernels, s.q, tasks.upload_q);
   timing_.plan_ms = plan_ms;
   launch();
 }
 
-void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) { prepare_with(plan, pick_(plan), q); }
+void DeviceStepRunner::upload_q(const StorageView& sq, bool now) {
+  if (sq.data != nullptr && sq.data == q_->host_data() && !q_->fits(sq.shape_vec())) {
+    // Larger than q_staging() was sized for: growing the staging would free what q views.
+    throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given",
+                     shape_str(sq.shape_vec()));
+  }
+  q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_);
+}
 
-void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq) {
+void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) { prepare_with(plan, pick_(plan), q, false); }
+
+void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded) {
   timing_ = StepTiming{};
   auto t = clock_type::now();
   if (kernels.device != cache_.device()) {
@@ -654,12 +692,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
-  if (sq.data != nullptr && sq.data == q_->host_data() && !q_->fits(sq.shape_vec())) {
-    // Larger than q_staging() was sized for: growing the staging would free what q views.
-    throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given",
-                     shape_str(sq.shape_vec()));
-  }
-  q_->upload(sq.data, sq.numel(), sq.shape_vec(), &uploads_);
+  if (!q_uploaded) upload_q(sq, false);
   const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;

@@ -233,6 +233,8 @@ struct StepInputs {
 };
 
 // Wall times of the last step (milliseconds), each phase synchronised with the device.
+// A step's parts, ms. step()'s plan_ms on CUDA has q's upload beside it (the plan's wall time);
+// upload_ms is the rest of the uploads.
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
@@ -281,7 +283,9 @@ class DeviceStepRunner {
  private:
   struct Batch;
   void init(PlanOptions options);
-  void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q);
+  void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q, bool q_uploaded);
+  // q's checks against the staging, then its upload: now, or in the step's batched submission.
+  void upload_q(const StorageView& q, bool now);
   void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
   DeviceKvCache& cache_;
   KernelPicker pick_;
