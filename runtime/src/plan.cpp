@@ -441,7 +441,8 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
       hs.avail.assign(msb, 0);
       hs.count.assign(msb, 0);
     }
-    if (hs.ring_rank.size() < static_cast<size_t>(kDecodeRing) * msb) {
+    if (hs.ring_lo.size() < static_cast<size_t>(kDecodeRing) || hs.ring_rank.size() < static_cast<size_t>(kDecodeRing) * msb) {
+      // (the spans too where msb is 0: a step whose every sequence is empty still scans)
       hs.ring_words = static_cast<int64_t>((msb + 63) / 64);
       hs.ring_bits.assign(static_cast<size_t>(kDecodeRing * hs.ring_words), 0);
       hs.ring_rank.assign(static_cast<size_t>(kDecodeRing) * msb, 0);
