@@ -427,8 +427,9 @@ void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& 
   size_index(ix, max_units, max_edges, ppb);
   // Tasks: a head's sequences in chunks (heads at once), or each head whole. Scratch: one set
   // per task planned at once (stamps never cleared: they grow once).
-  const bool at_once = parallel && Hkv * chunks_per_head(p, sequence_chunks) > 1;
-  const int64_t chunks = at_once ? chunks_per_head(p, sequence_chunks) : 1, tasks = Hkv * chunks;
+  const int64_t asked_chunks = parallel ? chunks_per_head(p, sequence_chunks) : 1;
+  const bool at_once = Hkv * asked_chunks > 1 && parallel;
+  const int64_t chunks = at_once ? asked_chunks : 1, tasks = Hkv * chunks;
   const size_t sets = at_once ? static_cast<size_t>(tasks) : 1;
   if (ws.heads.size() < sets) ws.heads.resize(sets);
   for (size_t i = 0; i < sets; ++i) {
