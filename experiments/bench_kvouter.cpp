@@ -1,7 +1,9 @@
 // Google Benchmark over SPEC §5's CPU shapes, every registered backend and schedule, in one run;
 // and the plan of one step (plan/<shape>, plan_checked_tables/<shape>: KVOUTER_BENCH_PLAN_SHAPES,
 // by default decode and gpu-decode), on the calling thread; plan_heads_at_once/<shape> is
-// plan_checked_tables with the KV heads on Halide's thread pool (as the device step plans).
+// plan_checked_tables with the KV heads on Halide's thread pool; plan_decode_layout/<shape> is
+// plan_checked_tables in the fixed decode layout, and plan_decode_layout_at_once its query ranges on
+// Halide's thread pool (as the device step plans a decode step).
 // Each (backend, shape) is checked against the float64 oracle, then timed, by the measurement core
 // (measure.h; a wrong result skips the row with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
@@ -109,10 +111,12 @@ const Inputs& plan_inputs(const std::string& name) {
 // input validated, and with the block tables trusted (checked where they were written).
 // cold: before each plan (untimed), 64 MiB are written and read, as a step's staging copies and
 // the engine's own work evict the plan's inputs from the caches between two plans.
-void run_plan(benchmark::State& state, std::string shape, bool checked_tables, bool parallel_heads, bool cold) {
+void run_plan(benchmark::State& state, std::string shape, bool checked_tables, bool parallel_heads, bool cold,
+              bool decode_layout) {
   const Inputs& in = plan_inputs(shape);
   PlanOptions opt;
   opt.parallel_heads = parallel_heads;
+  opt.decode_layout = decode_layout;
   Planner planner(opt);
   planner.plan(in);  // the arrays grow once
   std::vector<uint64_t> evict(cold ? (size_t{64} << 20) / 8 : 0);
@@ -128,9 +132,9 @@ void run_plan(benchmark::State& state, std::string shape, bool checked_tables, b
   }
   benchmark::DoNotOptimize(sink);
   const Plan& plan = planner.current();
-  state.counters["edges"] = static_cast<double>(plan.index.num_edges());
+  state.counters["edges"] = static_cast<double>(plan.edges);
   state.counters["tiles"] = static_cast<double>(plan.tiles.num_tiles);
-  state.counters["ns_per_edge"] = benchmark::Counter(static_cast<double>(plan.index.num_edges()),
+  state.counters["ns_per_edge"] = benchmark::Counter(static_cast<double>(plan.edges),
                                                      benchmark::Counter::kIsIterationInvariantRate |
                                                          benchmark::Counter::kInvert);
 }
@@ -256,12 +260,16 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
   const std::vector<std::string> plan_shapes = env_list("KVOUTER_BENCH_PLAN_SHAPES", {"decode", "gpu-decode"});
   for (const auto& shape : plan_shapes) {
-    for (int mode : {0, 1, 2, 3}) {
+    for (int mode : {0, 1, 2, 3, 4, 5, 6}) {
       const char* name = mode == 0   ? "plan/"
                          : mode == 1 ? "plan_checked_tables/"
                          : mode == 2 ? "plan_heads_at_once/"
-                                     : "plan_checked_tables_cold/";
-      benchmark::RegisterBenchmark((name + shape).c_str(), run_plan, shape, mode > 0, mode == 2, mode == 3)
+                         : mode == 3 ? "plan_checked_tables_cold/"
+                         : mode == 4 ? "plan_decode_layout/"
+                         : mode == 5 ? "plan_decode_layout_cold/"
+                                     : "plan_decode_layout_at_once/";
+      benchmark::RegisterBenchmark((name + shape).c_str(), run_plan, shape, mode > 0, mode == 2 || mode == 6, mode == 3 || mode == 5,
+                                   mode >= 4)
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2)
           ->Repetitions(5)

@@ -210,7 +210,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     }
   }
   r["variant"] = runner.variant();
-  r["edges"] = runner.plan().index.num_edges();
+  r["edges"] = runner.plan().edges;
   r["kv_bytes"] = runner.plan().kv_unit_bytes();
   if (decode) r["append_ms"] = summary(append_ms);
   r["plan_ms"] = summary(plan_ms);

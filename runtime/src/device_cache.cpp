@@ -1,6 +1,7 @@
 #include "kvouter/device_cache.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -524,6 +525,9 @@ struct SegmentTiles {
         zeros(halide_type_of<int32_t>(), a) {}
   DeviceArray head, pages, query, limit, part, to_tile, zeros;
   int64_t n = 0, offset = 0;
+  // (Hkv, topk, first tile, end tile) of the fixed decode layout whose tile_head and tile_query
+  // head and query hold (they depend on nothing else), or -1s.
+  std::array<int64_t, 4> decode_of{-1, -1, -1, -1};
 };
 
 // One query batch's device arrays (PlanOptions::max_batch_partial_floats), reused across steps.
@@ -597,6 +601,8 @@ DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, KernelPicker pick, Plan
 void DeviceStepRunner::init(PlanOptions o) {
   const int64_t most = max_batch_partial_floats(cache_.target());
   o.max_batch_partial_floats = o.max_batch_partial_floats > 0 ? std::min(o.max_batch_partial_floats, most) : most;
+  // Decode steps in the fixed decode layout: no index, nothing sorted (plan.h).
+  o.decode_layout = true;
   planner_ = Planner(o);
   q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
   host_out_ = std::make_unique<PinnedHost>(cache_.array_spec().pin);
@@ -626,9 +632,9 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   in.page_size = cs.page_size;
   in.causal = s.causal;
   in.softmax_scale = s.softmax_scale;
-  // On CUDA, q goes up beside the plan (a task each on Halide's thread pool): the plan reads no
-  // q value, and q's copy is a DMA from page-locked staging that the host only waits for. On
-  // Vulkan the copy joins the step's one batched submission in prepare_with().
+  // On CUDA, q goes up beside the plan and the plan's arrays (a task each on Halide's thread
+  // pool): the plan reads no q value, and q's copy is a DMA from page-locked staging that the host
+  // only waits for. On Vulkan the copy joins the step's one batched submission in prepare_with().
   struct Tasks {
     DeviceStepRunner* self;
     const InputsView* in;
@@ -643,6 +649,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
       if (i == 0) {
         c.plan = c.check_block_tables ? &c.self->planner_.plan(*c.in) : &c.self->planner_.plan_checked_tables(*c.in);
         c.kernels = &c.self->pick_(*c.plan);  // before the timing: a refused variant is a planning error
+        if (c.upload_q) c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true);
       } else if (c.upload_q) {
         c.self->upload_q(c.in->q, true);
       }
@@ -656,9 +663,17 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     if (e) std::rethrow_exception(e);  // the plan's error first
   }
   if (err != 0) throw std::runtime_error("device step: Halide's thread pool failed with " + std::to_string(err));
-  const double plan_ms = ms_since(t);
-  prepare_with(*tasks.plan, *tasks.kernels, s.q, tasks.upload_q);
-  timing_.plan_ms = plan_ms;
+  if (tasks.upload_q) {
+    check(dev_sync(q_->buffer()), "uploads (sync)");
+    // The plan's own time; the uploads are the rest of the wall time (both beside q's).
+    const double wall = ms_since(t);
+    timing_.plan_ms = std::min(tasks.plan->plan_ms, wall);
+    timing_.upload_ms = wall - timing_.plan_ms;
+  } else {
+    const double plan_ms = ms_since(t);
+    prepare_with(*tasks.plan, *tasks.kernels, s.q, false);
+    timing_.plan_ms = plan_ms;
+  }
   launch();
 }
 
@@ -705,6 +720,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
     const int64_t tb = range.tile_begin, te = range.tile_end;
     const int64_t nq = bt.t1 - bt.t0, ranks = p.topk * S;
     while (static_cast<int64_t>(bt.seg.size()) < S) bt.seg.push_back(std::make_unique<SegmentTiles>(cache_.array_spec()));
+    const int32_t* pidx = nullptr;  // the batch's partial index
     if (S == 1) {
       // One segment: the plan's own arrays, its partial index rebased to the batch's tiles.
       SegmentTiles& st = *bt.seg[0];
@@ -712,20 +728,34 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
       st.offset = 0;
       seg_count_[static_cast<size_t>(b)] = st.n;
       if (st.n > 0) {
-        st.head.upload(ts.tile_head.data() + tb, st.n, {st.n}, &uploads_);
+        // The fixed decode layout's heads and queries are the same at every step of a shape:
+        // uploaded once.
+        const std::array<int64_t, 4> key{p.Hkv, p.topk, tb, te};
+        if (plan.decode_layout && st.decode_of == key && st.head.fits({st.n}) && st.query.fits({st.n, T})) {
+          st.head.view({st.n});
+          st.query.view({st.n, T});
+        } else {
+          st.head.upload(ts.tile_head.data() + tb, st.n, {st.n}, &uploads_);
+          st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
+          st.decode_of = plan.decode_layout ? key : std::array<int64_t, 4>{-1, -1, -1, -1};
+        }
         st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
-        st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
         st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
       }
-      pidx_.assign(ts.partial_index.begin() + bt.t0 * p.Hkv * p.topk, ts.partial_index.begin() + bt.t1 * p.Hkv * p.topk);
-      for (int32_t& x : pidx_) {
-        if (x >= 0) x = static_cast<int32_t>(x - tb * T);
+      pidx = ts.partial_index.data() + bt.t0 * p.Hkv * p.topk;
+      if (tb != 0) {  // rebased to the batch's tiles
+        pidx_.assign(pidx, pidx + nq * p.Hkv * p.topk);
+        for (int32_t& x : pidx_) {
+          if (x >= 0) x = static_cast<int32_t>(x - tb * T);
+        }
+        pidx = pidx_.data();
       }
     } else {
       build_segment_tiles(plan, b, tb, te);
+      pidx = pidx_.data();  // (after: it may have grown)
     }
     const int64_t nt = std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0});
-    bt.pidx.upload(pidx_.data(), nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);
+    bt.pidx.upload(pidx, nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
@@ -740,7 +770,8 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
     uploads_.flush();  // this batch's arrays (the next batch reuses the host ones)
   }
   uploads_.flush();
-  check(dev_sync(q_->buffer()), "uploads (sync)");
+  // (With q uploaded elsewhere, q's view may be changing on that thread: the caller syncs.)
+  if (!q_uploaded) check(dev_sync(q_->buffer()), "uploads (sync)");
   timing_.upload_ms = ms_since(t);
 }
 
@@ -853,6 +884,7 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
     st.offset = off;
     off += st.n;
     if (st.n == 0) continue;
+    st.decode_of = {-1, -1, -1, -1};
     st.head.upload(head_.data() + st.offset, st.n, {st.n}, &uploads_);
     st.pages.upload(pages_.data() + st.offset * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
     st.query.upload(query_.data() + st.offset * T, st.n * T, {st.n, T}, &uploads_);

@@ -1,6 +1,7 @@
 #include "kvouter/plan.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -511,6 +512,7 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
                  TileSet* out) {
   if (T <= 0) throw InputError("tile_edges (T)", "a positive number of edges per tile", std::to_string(T));
   TileSet& ts = *out;
+  ws.decode_tiles_of = {-1, -1, -1};  // tile_head and tile_query are rewritten below
   ts.T = T;
   ts.ppb = p.ppb;
   const int64_t Q = query_batch > 0 ? query_batch : std::max<int64_t>(p.Tq, 1);
@@ -624,8 +626,213 @@ void build_tiles(const Problem& p, const KvIndex& ix, int64_t T, int64_t query_b
   }
 }
 
+bool is_decode_step(const Problem& p) {
+  if (p.Tq != p.B) return false;
+  for (int64_t b = 0; b < p.B; ++b) {
+    if (p.cu[static_cast<size_t>(b)] != b) return false;  // cu rises by one from 0 to Tq = B
+  }
+  return true;
+}
+
+namespace {
+
+// The fixed decode layout's rows of one query t (sequence t): each rank's tile, in rank order.
+// Returns false at a reached table entry that is a bad page id. Compiled for the common
+// pages-per-block counts (the page reads unrolled).
+template <int64_t kN>
+__attribute__((always_inline)) inline bool decode_rows(const Problem& p, int64_t t, const int32_t* __restrict sel,
+                                                       const int32_t* __restrict table, int64_t* __restrict seen,
+                                                       int64_t* generation, TileSet& ts, int64_t* units,
+                                                       int64_t* attended) {
+  const int64_t np = kN > 0 ? kN : p.ppb;
+  const int64_t ps = p.page_size, bs = p.block_size, num_pages = p.num_pages, topk = p.topk;
+  // One query per sequence: it may attend every position before L_b, causal or not.
+  const int64_t L = p.kv_len[static_cast<size_t>(t)];
+  int32_t* const __restrict pages = ts.tile_pages.data();
+  int32_t* const __restrict limits = ts.tile_limit.data();
+  int32_t* const __restrict pidx = ts.partial_index.data();
+  int64_t n = 0, att = 0;
+  for (int64_t h = 0; h < p.Hkv; ++h) {
+    const int64_t stamp = ++*generation;  // this (query, head): a repeated id counts once
+    const int64_t base = (t * p.Hkv + h) * topk;
+    for (int64_t r = 0; r < topk; ++r) {
+      const int64_t tile = base + r;
+      const int32_t id = sel[tile];
+      int32_t* const dst = pages + tile * np;
+      const int64_t start = static_cast<int64_t>(id) * bs;
+      int64_t avail = 0;
+      if (id >= 0 && start < L && seen[id] != stamp) {
+        seen[id] = stamp;
+        const int32_t* const src = table + static_cast<int64_t>(id) * np;
+        uint32_t any_bad = 0;
+        for (int64_t j = 0; j < np; ++j) {
+          const int32_t page = src[j];
+          dst[j] = page;
+          any_bad |= static_cast<uint32_t>(static_cast<int64_t>(static_cast<uint32_t>(page)) >= num_pages);
+        }
+        avail = bs;
+        if (start + bs > L || any_bad != 0) {  // the block's tail past L_b, or an unallocated or bad page id
+          avail = 0;
+          for (int64_t j = 0; j < np; ++j) {
+            const int64_t pos = start + j * ps;
+            int32_t page = pos < L ? src[j] : layout::kNoPage;
+            if (page >= num_pages) return false;
+            page = page < 0 ? layout::kNoPage : page;
+            dst[j] = page;
+            avail += page == layout::kNoPage ? 0 : std::min<int64_t>(L - pos, ps);
+          }
+        }
+      }
+      if (avail == 0) {  // padding, beyond L_b, a repeat, or no allocated page
+        for (int64_t j = 0; j < np; ++j) dst[j] = layout::kNoPage;
+        limits[tile] = 0;
+        pidx[tile] = layout::kNoPartial;
+        continue;
+      }
+      att += avail;  // the whole block up to L_b
+      limits[tile] = static_cast<int32_t>(std::min(bs, L - start));
+      pidx[tile] = static_cast<int32_t>(tile);
+      ++n;
+    }
+  }
+  *units += n;
+  *attended += att;
+  return true;
+}
+
+__attribute__((noinline)) bool plan_decode_rows(const Problem& p, int64_t t, const int32_t* sel, const int32_t* table,
+                                                int64_t* seen, int64_t* generation, TileSet& ts, int64_t* units,
+                                                int64_t* attended) {
+  switch (p.ppb) {
+    case 1: return decode_rows<1>(p, t, sel, table, seen, generation, ts, units, attended);
+    case 2: return decode_rows<2>(p, t, sel, table, seen, generation, ts, units, attended);
+    case 4: return decode_rows<4>(p, t, sel, table, seen, generation, ts, units, attended);
+    case 8: return decode_rows<8>(p, t, sel, table, seen, generation, ts, units, attended);
+    default: return decode_rows<0>(p, t, sel, table, seen, generation, ts, units, attended);
+  }
+}
+
+// Task i of a fixed decode layout: queries [begin(i), begin(i + 1)), with scratch set i; its
+// result's units and attended positions, and edges -1 at a bad table entry.
+struct DecodeTask {
+  const InputsView* in;
+  const Problem* p;
+  PlanWorkspace* ws;
+  TileSet* ts;
+  int64_t tasks;
+  int64_t begin(int64_t i) const { return i * p->Tq / tasks; }
+  void run(int64_t i) const {
+    // The block-table lines of query t + kDecodeAhead are requested before query t's rows are
+    // written (an engine plans with its inputs out of the caches). Where the row's lines up to L_b
+    // are no more than the query's entries (gpu-decode: 64 and 64), the whole span is requested
+    // in order, which the hardware's stream prefetch follows; otherwise each entry's line (the
+    // cost stays with the edges, not the table's width). Cold gpu-decode plan on the build
+    // machine: 87-114 us swept, 94-160 us per entry (experiments/results/cpu/2026-12-03/plan_decode_layout.md).
+    const Problem& pr = *p;
+    const int64_t per_row = pr.Hkv * pr.topk, t0 = begin(i), t1 = begin(i + 1);
+    constexpr int64_t kLine = 64 / sizeof(int32_t);
+    const int32_t* const sel = in->selected.data;
+    const int32_t* const tables = in->block_tables.data;
+    auto request = [&](int64_t t) {
+      const int32_t* const table = tables + t * pr.max_pages;
+      const int64_t used = std::min<int64_t>(pr.max_pages, (pr.kv_len[static_cast<size_t>(t)] + pr.page_size - 1) / pr.page_size);
+      if (used <= per_row * kLine) {
+        for (int64_t k = 0; k < used; k += kLine) __builtin_prefetch(table + k);
+        return;
+      }
+      const int32_t* const row = sel + t * per_row;
+      for (int64_t k = 0; k < per_row; ++k) {
+        if (row[k] >= 0) __builtin_prefetch(table + static_cast<int64_t>(row[k]) * pr.ppb);
+      }
+    };
+    PlanWorkspace::HeadScratch& hs = ws->heads[static_cast<size_t>(i)];
+    HeadResult& r = ws->results[static_cast<size_t>(i)];
+    for (int64_t t = t0; t < std::min(t0 + kDecodeAhead, t1); ++t) request(t);
+    for (int64_t t = t0; t < t1; ++t) {
+      if (t + kDecodeAhead < t1) request(t + kDecodeAhead);
+      if (!plan_decode_rows(pr, t, sel, tables + t * pr.max_pages, hs.seen.data(), &hs.generation, *ts, &r.units,
+                            &r.attended)) {
+        r.edges = -1;
+        return;
+      }
+    }
+  }
+};
+
+int decode_task(void*, int i, uint8_t* closure) {
+  reinterpret_cast<const DecodeTask*>(closure)->run(i);  // throws nothing
+  return 0;
+}
+
+}  // namespace
+
+bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_batch, PlanWorkspace& ws, TileSet* out,
+                        int64_t* units, int64_t* attended, bool parallel, int64_t chunks) {
+  TileSet& ts = *out;
+  // (A step of no query may claim any Hkv x topk: validate() bounds the product only with Tq.)
+  const int64_t per_query = p.Tq == 0 ? 0 : p.Hkv * p.topk, n = p.Tq * per_query;
+  if (n >= std::numeric_limits<int32_t>::max()) {
+    throw InputError("selected", "fewer than 2^31 (query, KV head, rank) entries", std::to_string(n));
+  }
+  ts.T = 1;
+  ts.ppb = p.ppb;
+  ts.num_tiles = n;
+  const int64_t Q = query_batch > 0 ? query_batch : std::max<int64_t>(p.Tq, 1);
+  ts.query_batch = Q;
+  ts.batch_tile_begin.assign(1, 0);
+  for (int64_t t1 = std::min(Q, p.Tq); ts.batch_tile_begin.back() < n; t1 = std::min(t1 + Q, p.Tq)) {
+    ts.batch_tile_begin.push_back(t1 * per_query);
+  }
+  if (ts.batch_tile_begin.size() == 1) ts.batch_tile_begin.push_back(0);
+  ts.tile_unit.clear();
+  ts.edge_partial.clear();
+  ts.tile_pages.resize(static_cast<size_t>(n * p.ppb));
+  ts.tile_limit.resize(static_cast<size_t>(n));
+  ts.partial_index.resize(static_cast<size_t>(n));
+  const std::array<int64_t, 3> shape{p.Tq, p.Hkv, p.topk};
+  if (ws.decode_tiles_of != shape) {  // tile_head and tile_query depend on the shape alone
+    ts.tile_head.resize(static_cast<size_t>(n));
+    ts.tile_query.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < p.Tq; ++t) {
+      for (int64_t h = 0; h < p.Hkv; ++h) {
+        const size_t base = static_cast<size_t>((t * p.Hkv + h) * p.topk);
+        std::fill_n(ts.tile_head.begin() + static_cast<std::ptrdiff_t>(base), p.topk, static_cast<int32_t>(h));
+        std::fill_n(ts.tile_query.begin() + static_cast<std::ptrdiff_t>(base), p.topk, static_cast<int32_t>(t));
+      }
+    }
+    ws.decode_tiles_of = shape;
+  }
+  *units = 0;
+  *attended = 0;
+  if (n == 0) return true;
+  // Tasks over query ranges (at once on Halide's thread pool where asked: each query's tiles are
+  // its own), of at least 16 queries; one scratch set each.
+  const int64_t threads = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  const int64_t tasks = parallel ? std::clamp<int64_t>(chunks > 0 ? chunks : threads, 1, std::max<int64_t>(p.Tq / 16, 1)) : 1;
+  if (ws.heads.size() < static_cast<size_t>(tasks)) ws.heads.resize(static_cast<size_t>(tasks));
+  ws.results.assign(static_cast<size_t>(tasks), {});
+  for (int64_t i = 0; i < tasks; ++i) {
+    PlanWorkspace::HeadScratch& hs = ws.heads[static_cast<size_t>(i)];
+    if (hs.seen.size() < static_cast<size_t>(p.msb)) hs.seen.assign(static_cast<size_t>(p.msb), -1);  // below any stamp
+  }
+  DecodeTask task{&in, &p, &ws, &ts, tasks};
+  if (tasks > 1) {
+    const int err = detail::par_for(decode_task, static_cast<int>(tasks), &task);
+    if (err != 0) throw std::runtime_error("plan: Halide's thread pool failed with " + std::to_string(err));
+  } else {
+    task.run(0);
+  }
+  bool ok = true;
+  for (const HeadResult& r : ws.results) {
+    ok &= r.edges >= 0;
+    *units += r.units;
+    *attended += r.attended;
+  }
+  return ok;
+}
+
 double Plan::kv_unit_bytes() const {
-  return 2.0 * static_cast<double>(index.num_units()) * static_cast<double>(problem.block_size) *
+  return 2.0 * static_cast<double>(units) * static_cast<double>(problem.block_size) *
          static_cast<double>(problem.D) * dtype_bytes(problem.dtype);
 }
 
@@ -661,24 +868,56 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
   const Problem& p = plan.problem;
+  // A tile's largest device buffer share: its partials, or the GPU schedules' per-tile
+  // intermediates (scores and weights: block x rows; the block's K: block x D).
+  auto tile_floats = [&](int64_t T) {
+    const int64_t rows = T * p.qhead;
+    return std::max({rows * (p.D + layout::kPartialExtra), p.block_size * rows, p.block_size * p.D});
+  };
+  if (opt_.decode_layout && opt_.tile_edges <= 1 && is_decode_step(p)) {
+    // Query batches of equal tiles: as many queries as the limit holds.
+    // (A step of no query may claim any Hkv x topk: validate() bounds the product only with Tq.)
+    int64_t Q = 0;
+    if (opt_.max_batch_partial_floats > 0 && p.Tq > 0) {
+      int64_t query_floats = 0, all = 0;
+      const bool huge = __builtin_mul_overflow(p.Hkv * p.topk, tile_floats(1), &query_floats);
+      const bool fits = !huge && !__builtin_mul_overflow(p.Tq, query_floats, &all) && all <= opt_.max_batch_partial_floats;
+      if (!fits) Q = huge ? 0 : opt_.max_batch_partial_floats / query_floats;
+      if (!fits && Q == 0) {
+        throw BackendError("plan: the partials of one query exceed the device's buffer limit of " +
+                           std::to_string(opt_.max_batch_partial_floats) + " floats");
+      }
+    }
+    int64_t units = 0, attended = 0;
+    if (build_decode_tiles(in, p, Q, ws_, &plan.tiles, &units, &attended, opt_.parallel_heads, opt_.sequence_chunks)) {
+      size_index(plan.index, 0, 0, static_cast<size_t>(p.ppb));
+      plan.index.inverse.clear();
+      plan.index.head_unit_begin.clear();
+      plan.index.attended_pairs = 0;
+      plan.decode_layout = true;
+      plan.units = plan.edges = units;
+      plan.attended_pairs = attended;
+      plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return plan;
+    }
+    // A bad table entry: the indexed plan below reports it.
+  }
+  plan.decode_layout = false;
   build_kvouter_index(in, p, ws_, &plan.index, opt_.parallel_heads, opt_.sequence_chunks);
   const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
   build_tiles(p, plan.index, T, 0, ws_, &plan.tiles);
   if (opt_.max_batch_partial_floats > 0) {
     // Query batches whose partials each fit the limit: start from the even split, halve the
-    // batch until every batch fits (tiles cut at batch boundaries add padding rows). A tile's
-    // largest device buffer share: its partials, or the GPU schedules' per-tile intermediates
-    // (scores and weights: block x rows; the block's K: block x D).
-    const int64_t rows = T * p.qhead;
-    const int64_t tile_floats = std::max({rows * (p.D + layout::kPartialExtra), p.block_size * rows, p.block_size * p.D});
+    // batch until every batch fits (tiles cut at batch boundaries add padding rows).
+    const int64_t tile_floats_T = tile_floats(T);
     auto fits = [&](const TileSet& ts) {
       for (size_t b = 0; b + 1 < ts.batch_tile_begin.size(); ++b) {
-        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * tile_floats > opt_.max_batch_partial_floats) return false;
+        if ((ts.batch_tile_begin[b + 1] - ts.batch_tile_begin[b]) * tile_floats_T > opt_.max_batch_partial_floats) return false;
       }
       return true;
     };
     if (!fits(plan.tiles)) {
-      const double total = static_cast<double>(plan.tiles.num_tiles) * static_cast<double>(tile_floats);
+      const double total = static_cast<double>(plan.tiles.num_tiles) * static_cast<double>(tile_floats_T);
       int64_t Q = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(p.Tq) * static_cast<double>(opt_.max_batch_partial_floats) / total));
       for (;;) {
         build_tiles(p, plan.index, T, Q, ws_, &plan.tiles);
@@ -691,6 +930,8 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
       }
     }
   }
+  plan.units = plan.index.num_units();
+  plan.edges = plan.index.num_edges();
   plan.attended_pairs = plan.index.attended_pairs;
   plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;

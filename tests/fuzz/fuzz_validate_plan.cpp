@@ -3,6 +3,7 @@
 // validate() may only throw InputError. When it accepts, build_kvouter_index and build_tiles
 // (several T) and make_plan must hold every invariant of plan_invariants.h, and the plan's
 // attended pairs must equal a brute-force count of SPEC §2.
+#include <algorithm>
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cmath>
@@ -140,5 +141,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::check_tiles(in, plan.problem, plan.index, plan.tiles, T > 0 ? T : auto_tile_edges(ix));
   FUZZ_CHECK(plan.attended_pairs == attended, "attended pairs %lld, SPEC count %lld",
              static_cast<long long>(plan.attended_pairs), static_cast<long long>(attended));
+  if (is_decode_step(p)) {
+    // The fixed decode layout: each rank's tile is what the index's partial of that rank is.
+    PlanOptions o;
+    o.decode_layout = true;
+    o.parallel_heads = fdp.ConsumeBool();
+    Planner planner(o);
+    const Plan& f = planner.plan(in);
+    const Plan ip = make_plan(in, {1});
+    FUZZ_CHECK(f.decode_layout && f.units == ip.units && f.attended_pairs == attended, "decode layout counts differ");
+    const size_t n = static_cast<size_t>(p.Tq * p.Hkv * p.topk), ppb = static_cast<size_t>(p.ppb);
+    FUZZ_CHECK(f.tiles.num_tiles == static_cast<int64_t>(n) && f.tiles.partial_index.size() == n &&
+                   f.tiles.tile_pages.size() == n * ppb && f.tiles.tile_limit.size() == n,
+               "decode layout sizes");
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t x = ip.tiles.partial_index[i];
+      FUZZ_CHECK(f.tiles.tile_head[i] == static_cast<int32_t>((i / p.topk) % p.Hkv) &&
+                     f.tiles.tile_query[i] == static_cast<int32_t>(i / (p.topk * p.Hkv)),
+                 "decode layout tile %zu: head or query", i);
+      if (x < 0) {
+        FUZZ_CHECK(f.tiles.partial_index[i] < 0 && f.tiles.tile_limit[i] == 0, "decode layout rank %zu attends", i);
+        continue;
+      }
+      const size_t xs = static_cast<size_t>(x);
+      FUZZ_CHECK(f.tiles.partial_index[i] == static_cast<int32_t>(i) && f.tiles.tile_limit[i] == ip.tiles.tile_limit[xs] &&
+                     std::equal(f.tiles.tile_pages.begin() + i * ppb, f.tiles.tile_pages.begin() + (i + 1) * ppb,
+                                ip.tiles.tile_pages.begin() + xs * ppb),
+                 "decode layout rank %zu differs from the index's partial %d", i, x);
+    }
+  }
   return 0;
 }

@@ -478,5 +478,218 @@ TEST(Planner, HeadsPlannedAtOnceGiveTheSamePlan) {
   EXPECT_EQ(got, want);
 }
 
+// Decode steps of several geometries: padding, repeats, unallocated pages, empty and short
+// sequences, one page per block and several, causal and not.
+std::vector<std::pair<std::string, experiments::CaseSpec>> decode_kinds() {
+  std::vector<std::pair<std::string, experiments::CaseSpec>> out;
+  experiments::CaseSpec a;
+  a.qo = {1, 1, 1, 1, 1, 1, 1}; a.kv = {37, 64, 0, 5, 9, 130, 1}; a.Hq = 4; a.Hkv = 2; a.D = 8;
+  a.block_size = 8; a.page_size = 4; a.topk = 5;
+  out.emplace_back("short", a);
+  experiments::CaseSpec w;
+  w.qo = {1, 1}; w.kv = {700, 1000}; w.Hq = 2; w.Hkv = 2; w.D = 8; w.block_size = 4; w.page_size = 4; w.topk = 7;
+  out.emplace_back("wide", w);
+  experiments::CaseSpec d = experiments::named_shape("decode");
+  d.D = 1;  // the plan never reads K/V
+  d.kv = {4096, 64, 1, 4096, 100, 4096, 3000, 17, 0, 65, 4096, 4096, 1024, 1000, 64, 4096, 33};
+  d.qo = std::vector<int64_t>(d.kv.size(), 1);
+  d.benchmark_selection = false;
+  out.emplace_back("decode geometry", d);
+  std::vector<std::pair<std::string, experiments::CaseSpec>> varied;
+  for (const auto& [name, spec] : out) {
+    for (uint64_t seed : {21u, 22u, 23u}) {
+      experiments::CaseSpec s = spec;
+      s.seed = seed;
+      s.pad_prob = seed == 22 ? 0.0 : 0.2;
+      s.dup_prob = seed == 22 ? 0.05 : 0.3;
+      s.neg_page_prob = seed == 23 ? 0.25 : s.neg_page_prob;
+      s.causal = seed != 22;
+      varied.emplace_back(name + " seed " + std::to_string(seed), s);
+    }
+  }
+  return varied;
+}
+
+// A plan in the fixed decode layout against the indexed plan of the same step: each rank's tile
+// holds what the index's partial of that rank holds (head, query, pages, limit), a rank without a
+// partial has none and attends nothing, and the counts agree.
+void expect_same_decode_tiles(const Plan& f, const Plan& ix) {
+  ASSERT_TRUE(f.decode_layout);
+  ASSERT_FALSE(ix.decode_layout);
+  const Problem& p = ix.problem;
+  ASSERT_EQ(ix.tiles.T, 1);
+  EXPECT_EQ(f.tiles.T, 1);
+  EXPECT_EQ(f.tiles.ppb, p.ppb);
+  const int64_t n = p.Tq * p.Hkv * p.topk;
+  ASSERT_EQ(f.tiles.num_tiles, n);
+  ASSERT_EQ(f.tiles.tile_head.size(), static_cast<size_t>(n));
+  ASSERT_EQ(f.tiles.tile_query.size(), static_cast<size_t>(n));
+  ASSERT_EQ(f.tiles.tile_limit.size(), static_cast<size_t>(n));
+  ASSERT_EQ(f.tiles.tile_pages.size(), static_cast<size_t>(n * p.ppb));
+  ASSERT_EQ(f.tiles.partial_index.size(), static_cast<size_t>(n));
+  EXPECT_EQ(f.units, ix.units);
+  EXPECT_EQ(f.edges, ix.edges);
+  EXPECT_EQ(f.units, ix.index.num_units());
+  EXPECT_EQ(f.attended_pairs, ix.attended_pairs);
+  EXPECT_EQ(f.flops(), ix.flops());
+  EXPECT_EQ(f.kv_unit_bytes(), ix.kv_unit_bytes());
+  EXPECT_EQ(f.index.num_units(), 0);
+  int64_t live = 0;
+  for (int64_t t = 0; t < p.Tq; ++t) {
+    for (int64_t h = 0; h < p.Hkv; ++h) {
+      for (int64_t r = 0; r < p.topk; ++r) {
+        const int64_t i = (t * p.Hkv + h) * p.topk + r;
+        const size_t si = static_cast<size_t>(i);
+        const int32_t x = ix.tiles.partial_index[si];
+        EXPECT_EQ(f.tiles.tile_head[si], h);
+        EXPECT_EQ(f.tiles.tile_query[si], t);
+        if (x < 0) {
+          EXPECT_EQ(f.tiles.partial_index[si], layout::kNoPartial) << "rank " << i;
+          EXPECT_EQ(f.tiles.tile_limit[si], 0) << "rank " << i;
+          for (int64_t j = 0; j < p.ppb; ++j) EXPECT_EQ(f.tiles.tile_pages[static_cast<size_t>(i * p.ppb + j)], layout::kNoPage);
+          continue;
+        }
+        ++live;
+        const size_t sx = static_cast<size_t>(x);
+        EXPECT_EQ(f.tiles.partial_index[si], i) << "rank " << i;
+        EXPECT_EQ(ix.tiles.tile_head[sx], h);
+        EXPECT_EQ(ix.tiles.tile_query[sx], t);
+        EXPECT_EQ(f.tiles.tile_limit[si], ix.tiles.tile_limit[sx]) << "rank " << i;
+        for (int64_t j = 0; j < p.ppb; ++j) {
+          EXPECT_EQ(f.tiles.tile_pages[static_cast<size_t>(i * p.ppb + j)], ix.tiles.tile_pages[static_cast<size_t>(x * p.ppb + j)])
+              << "rank " << i << " page " << j;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(live, ix.units);
+}
+
+PlanOptions decode_layout_options(bool parallel = false, int64_t chunks = 0) {
+  PlanOptions o;
+  o.decode_layout = true;
+  o.parallel_heads = parallel;
+  o.sequence_chunks = chunks;
+  return o;
+}
+
+TEST(Planner, DecodeLayoutHoldsTheIndexsPartials) {
+  ASSERT_TRUE(halide::thread_pool_linked()) << "the query ranges would run in order: nothing parallel tested";
+  for (const auto& [parallel, chunks] : std::vector<std::pair<bool, int64_t>>{{false, 0}, {true, 0}, {true, 2}, {true, 3}, {true, 64}}) {
+    SCOPED_TRACE("parallel " + std::to_string(parallel) + " chunks " + std::to_string(chunks));
+    Planner planner(decode_layout_options(parallel, chunks));
+    for (const auto& [name, spec] : decode_kinds()) {
+      SCOPED_TRACE(name);
+      const Inputs in = experiments::make_case(spec);
+      const Plan indexed = make_plan(in);
+      expect_same_decode_tiles(planner.plan(in), indexed);
+      expect_same_decode_tiles(planner.plan_checked_tables(in), indexed);
+      EXPECT_EQ(planner.current().tiles.batch_tile_begin, (std::vector<int64_t>{0, in.selected.numel()}));
+    }
+  }
+}
+
+TEST(Planner, DecodeLayoutOnlyForDecodeSteps) {
+  // Steps with a sequence of several queries, or of none, and plans asked for T > 1 keep the index.
+  Planner planner(decode_layout_options());
+  for (const auto& [name, spec] : varied_kinds()) {
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    const Plan& plan = planner.plan(in);
+    bool decode = spec.qo.size() > 0;
+    for (int64_t q : spec.qo) decode &= q == 1;
+    EXPECT_EQ(plan.decode_layout, decode);
+    if (!decode) expect_same_plan(plan, make_plan(in));
+  }
+  PlanOptions t2 = decode_layout_options();
+  t2.tile_edges = 2;
+  const Inputs in = experiments::make_case(decode_kinds().front().second);
+  EXPECT_FALSE(Planner(t2).plan(in).decode_layout);
+  expect_same_plan(Planner(t2).plan(in), make_plan(in, t2));
+}
+
+TEST(Planner, DecodeLayoutAcrossStepsOfOtherShapes) {
+  // tile_head and tile_query are kept from step to step while the shape is the same: an indexed
+  // step, or a decode step of another shape, in between must not leave them stale.
+  Planner planner(decode_layout_options(true));
+  const auto kinds = decode_kinds();
+  const Inputs a = experiments::make_case(kinds[0].second), b = experiments::make_case(kinds[3].second);
+  experiments::CaseSpec mixed = kinds[0].second;
+  mixed.qo[1] = 3;
+  const Inputs m = experiments::make_case(mixed);
+  for (const Inputs* in : {&a, &m, &a, &b, &a, &a}) {
+    const Plan indexed = make_plan(*in);
+    const Plan& plan = planner.plan(*in);
+    if (in == &m) {
+      expect_same_plan(plan, indexed);
+    } else {
+      expect_same_decode_tiles(plan, indexed);
+    }
+  }
+}
+
+TEST(Planner, DecodeLayoutBatchesQueriesToFitAPartialLimit) {
+  const Inputs in = experiments::make_case(decode_kinds()[6].second);
+  const Problem p = validate(in);
+  const int64_t per_query = p.Hkv * p.topk;
+  const int64_t tile_floats = std::max({p.qhead * (p.D + layout::kPartialExtra), p.block_size * p.qhead, p.block_size * p.D});
+  PlanOptions o = decode_layout_options();
+  o.max_batch_partial_floats = 5 * per_query * tile_floats + 1;  // 5 queries a batch
+  Planner planner(o);
+  const Plan& plan = planner.plan(in);
+  ASSERT_TRUE(plan.decode_layout);
+  EXPECT_EQ(plan.tiles.query_batch, 5);
+  std::vector<int64_t> want;
+  for (int64_t t = 0; t < p.Tq; t += 5) want.push_back(t * per_query);
+  want.push_back(p.Tq * per_query);
+  EXPECT_EQ(plan.tiles.batch_tile_begin, want);
+  for (int64_t b = 0; b < plan.tiles.batches(); ++b) {
+    const TileSet::Batch r = plan.tiles.batch(b, p.Tq);
+    EXPECT_LE((r.tile_end - r.tile_begin) * tile_floats, o.max_batch_partial_floats);
+    for (int64_t i = r.t0 * per_query; i < r.t1 * per_query; ++i) {
+      const int32_t x = plan.tiles.partial_index[static_cast<size_t>(i)];
+      if (x >= 0) {
+        EXPECT_GE(x, r.tile_begin);
+        EXPECT_LT(x, r.tile_end);
+      }
+    }
+  }
+  o.max_batch_partial_floats = per_query * tile_floats - 1;  // not one query
+  EXPECT_THROW(Planner(o).plan(in), BackendError);
+}
+
+TEST(Planner, DecodeLayoutReportsABadEntryAsTheIndexDoes) {
+  // A reached table entry beyond the pool: the same InputError as the indexed plan's, which names
+  // the first bad entry in its own order; then the next step plans afresh.
+  Inputs in = experiments::make_case(decode_kinds()[6].second);
+  const Problem p = validate(in);
+  const Plan good = make_plan(in);
+  // Two bad entries, in sequences 3 and 1, reached by head 1 and head 0.
+  for (const auto& [t, h] : {std::pair<int64_t, int64_t>{3, 1}, {1, 0}}) {
+    const int32_t id = in.selected.data[static_cast<size_t>((t * p.Hkv + h) * p.topk)];
+    ASSERT_GE(id, 0);
+    in.block_tables.data[static_cast<size_t>(t * p.max_pages + id * p.ppb)] = static_cast<int32_t>(p.num_pages + t);
+  }
+  std::string want;
+  try {
+    Planner().plan_checked_tables(in);
+  } catch (const InputError& e) {
+    want = e.what();
+  }
+  ASSERT_NE(want.find("block_tables["), std::string::npos) << want;
+  for (bool parallel : {false, true}) {
+    Planner planner(decode_layout_options(parallel, 4));
+    std::string got;
+    try {
+      planner.plan_checked_tables(in);
+    } catch (const InputError& e) {
+      got = e.what();
+    }
+    EXPECT_EQ(got, want);
+    const Inputs fine = experiments::make_case(decode_kinds()[6].second);
+    expect_same_decode_tiles(planner.plan(fine), good);
+  }
+}
+
 }  // namespace
 }  // namespace kvouter

@@ -233,8 +233,8 @@ struct StepInputs {
 };
 
 // Wall times of the last step (milliseconds), each phase synchronised with the device.
-// A step's parts, ms. step()'s plan_ms on CUDA has q's upload beside it (the plan's wall time);
-// upload_ms is the rest of the uploads.
+// step() on CUDA uploads q beside the plan and the plan's arrays: plan_ms is then the plan's own
+// time, and upload_ms the rest of the wall time until every upload is done.
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
@@ -255,8 +255,8 @@ class DeviceStepRunner {
   ~DeviceStepRunner();
 
   // Plans (reading no K/V; with check_block_tables false the table entries are trusted, as
-  // Planner::plan_checked_tables) and runs one step: prepare(), then launch(). out/lse stay on
-  // the device.
+  // Planner::plan_checked_tables; a decode step in the fixed decode layout, plan.h) and runs one
+  // step: prepare(), then launch(). out/lse stay on the device.
   void step(const StepInputs& in, bool check_block_tables = true);
   // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
   // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...

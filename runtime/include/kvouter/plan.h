@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <vector>
@@ -67,6 +68,8 @@ struct PlanWorkspace {
   std::vector<HeadResult> results;   // [tasks]: a head, or a chunk of a head's sequences
   std::vector<int64_t> seq_units, seq_edges;  // [B + 1] a head's unit and edge bounds before sequence b
   std::vector<int64_t> cursor;       // [units] build_tiles' per-unit edge cursor
+  // (Tq, Hkv, topk) of the fixed decode layout whose tile_head and tile_query the tiles hold, or -1s.
+  std::array<int64_t, 3> decode_tiles_of{-1, -1, -1};
 };
 
 // Linear in the edges: each (head, sequence)'s edges counting-sorted by block (plus a word per 64
@@ -139,14 +142,37 @@ struct PlanOptions {
   // With parallel_heads: the chunks of each head's sequences; 0 = automatic (the machine's
   // threads over the KV heads, chunks of at least 8 sequences).
   int64_t sequence_chunks = 0;
+  // Decode steps (every sequence one query) in the fixed decode layout (build_decode_tiles):
+  // their tiles straight from the selection, without a KvIndex. For the device step runner, whose
+  // kernels read only the tiles; a plan whose tile_edges asks for more than 1 keeps the index.
+  bool decode_layout = false;
 };
 
 int64_t auto_tile_edges(const KvIndex& index);
 
+// Whether every sequence of the step has exactly one query (query t of sequence t): a decode step.
+bool is_decode_step(const Problem& p);
+
+// The fixed decode layout of a decode step (is_decode_step), T = 1: tile (t * Hkv + h) * topk + r
+// is rank r of selected[t, h, :], and partial_index maps each rank to its own tile, or to
+// kNoPartial where the rank attends nothing (padding, beyond L_b, a repeat of an earlier rank, a
+// block without an allocated page before L_b; those tiles have limit 0 and no page). The tiles
+// that attend are the KvIndex's units, with the same pages and limits; tile_head and tile_query
+// depend only on (Tq, Hkv, topk). Nothing is sorted or compacted, so the cost is a pass over the
+// selection and the table entries it reaches. Batches of query_batch queries (0: one batch).
+// Returns false, with the tiles unspecified, where a reached block_tables entry is a bad page id:
+// the indexed plan (build_kvouter_index) then reports it. Sets *units and *attended.
+// parallel: query ranges planned at once on Halide's thread pool, `chunks` of them (0: the
+// machine's threads), each of at least 16 queries. ws and ts are one planner's pair.
+bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_batch, PlanWorkspace& ws,
+                        TileSet* ts, int64_t* units, int64_t* attended, bool parallel = false, int64_t chunks = 0);
+
 struct Plan {
   Problem problem;
-  KvIndex index;
+  KvIndex index;  // empty in the fixed decode layout
   TileSet tiles;
+  bool decode_layout = false;  // the tiles are in the fixed decode layout (build_decode_tiles)
+  int64_t units = 0, edges = 0;  // work units and edges (the decode layout: tiles that attend)
   int64_t attended_pairs = 0;  // (t, h, p) triples really attended, before the qhead fan-out
   double plan_ms = 0;          // wall time of make_plan
 
