@@ -727,7 +727,7 @@ struct DecodeTask {
     // are no more than the query's entries (gpu-decode: 64 and 64), the whole span is requested
     // in order, which the hardware's stream prefetch follows; otherwise each entry's line (the
     // cost stays with the edges, not the table's width). Cold gpu-decode plan on the build
-    // machine: 87-114 us swept, 94-160 us per entry (experiments/results/cpu/2026-12-03/plan_decode_layout.md).
+    // machine: 87-202 us swept, 94-248 us per entry (experiments/results/cpu/2026-12-03/plan_decode_layout.md).
     const Problem& pr = *p;
     const int64_t per_row = pr.Hkv * pr.topk, t0 = begin(i), t1 = begin(i + 1);
     constexpr int64_t kLine = 64 / sizeof(int32_t);
