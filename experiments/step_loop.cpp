@@ -104,7 +104,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   DeviceStepRunner runner(cache, opt.schedule);
   Outputs out;
   auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
-  std::vector<double> append_ms, plan_ms, upload_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
+  std::vector<double> append_ms, plan_ms, validate_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
   json checks = json::array();
   for (int step = 0; step < opt.steps; ++step) {
     if (decode) {
@@ -192,6 +192,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     const halide::StepTiming& t = runner.timing();
     plan_ms.push_back(t.plan_ms);
     upload_ms.push_back(t.upload_ms);
+    q_upload_ms.push_back(t.q_upload_ms);
+    validate_ms.push_back(runner.plan().validate_ms);
+    arrays_ms.push_back(t.arrays_upload_ms);
     fwd_ms.push_back(t.forward_ms);
     comb_ms.push_back(t.combine_ms);
     kernel_ms.push_back(t.forward_ms + t.combine_ms);
@@ -215,6 +218,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   if (decode) r["append_ms"] = summary(append_ms);
   r["plan_ms"] = summary(plan_ms);
   r["upload_ms"] = summary(upload_ms);
+  r["plan_validate_ms"] = summary(validate_ms);  // inside plan_ms
+  r["q_upload_ms"] = summary(q_upload_ms);  // CUDA: each alone, beside the plan
+  r["arrays_upload_ms"] = summary(arrays_ms);
   r["forward_ms"] = summary(fwd_ms);
   r["combine_ms"] = summary(comb_ms);
   r["kernel_ms"] = summary(kernel_ms);
@@ -225,11 +231,11 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["checks"] = checks;
   std::fprintf(stderr,
                "loop %s %s %s %s (pool %lld pages, %lld segments): step %.3f ms = plan %.3f + upload %.3f + kernels %.3f "
-               "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f\n",
+               "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f; alone: validate %.3f, q %.3f, arrays %.3f\n",
                opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(), opt.in_place ? "in_place" : "copy", static_cast<long long>(N),
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,
-               median(total_ms) / median(kernel_ms));
+               median(total_ms) / median(kernel_ms), median(validate_ms), median(q_upload_ms), median(arrays_ms));
   for (const auto& c : checks) {
     std::fprintf(stderr, "  step %d vs %s: %s (out %.3g, lse %.3g)\n", c["step"].get<int>(), check_with_direct ? "direct" : "the benchmark's run",
                  c["within_tolerance"].get<bool>() ? "matches" : "DIFFERS", c["max_out_err"].get<double>(),

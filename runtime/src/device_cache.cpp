@@ -642,16 +642,22 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     const Plan* plan = nullptr;
     const Kernels* kernels = nullptr;
     std::exception_ptr error[2];
-  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), nullptr, nullptr, {}};
+    double q_ms = 0, arrays_ms = 0;
+  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), nullptr, nullptr, {}, 0, 0};
   halide_task_t task = [](void*, int i, uint8_t* closure) -> int {
     Tasks& c = *reinterpret_cast<Tasks*>(closure);
     try {
       if (i == 0) {
         c.plan = c.check_block_tables ? &c.self->planner_.plan(*c.in) : &c.self->planner_.plan_checked_tables(*c.in);
         c.kernels = &c.self->pick_(*c.plan);  // before the timing: a refused variant is a planning error
-        if (c.upload_q) c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true);
+        if (c.upload_q) {
+          c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true);
+          c.arrays_ms = c.self->timing_.upload_ms;
+        }
       } else if (c.upload_q) {
+        auto tq = clock_type::now();
         c.self->upload_q(c.in->q, true);
+        c.q_ms = ms_since(tq);
       }
     } catch (...) {
       c.error[i] = std::current_exception();
@@ -669,6 +675,8 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     const double wall = ms_since(t);
     timing_.plan_ms = std::min(tasks.plan->plan_ms, wall);
     timing_.upload_ms = wall - timing_.plan_ms;
+    timing_.q_upload_ms = tasks.q_ms;
+    timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
     const double plan_ms = ms_since(t);
     prepare_with(*tasks.plan, *tasks.kernels, s.q, false);

@@ -867,6 +867,7 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
+  plan.validate_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const Problem& p = plan.problem;
   // A tile's largest device buffer share: its partials, or the GPU schedules' per-tile
   // intermediates (scores and weights: block x rows; the block's K: block x D).

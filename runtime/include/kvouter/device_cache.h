@@ -237,6 +237,8 @@ struct StepInputs {
 // time, and upload_ms the rest of the wall time until every upload is done.
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
+  // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone.
+  double q_upload_ms = 0, arrays_upload_ms = 0;
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
 };
 

@@ -175,6 +175,7 @@ struct Plan {
   int64_t units = 0, edges = 0;  // work units and edges (the decode layout: tiles that attend)
   int64_t attended_pairs = 0;  // (t, h, p) triples really attended, before the qhead fan-out
   double plan_ms = 0;          // wall time of make_plan
+  double validate_ms = 0;      // the part of it that validate() took
 
   // SPEC §5: 4 * D * attended (t, j, p) triples.
   double flops() const {
