@@ -358,9 +358,15 @@ int head_task(void*, int i, uint8_t* closure) {
 
 // Heads at once: each head's sequences in enough chunks that the pool's threads all have tasks
 // (a decode step has few KV heads and many sequences), never a chunk of fewer than 8 sequences.
+// The machine's hardware threads, asked once (a system call: not on every plan).
+int64_t machine_threads() {
+  static const int64_t n = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  return n;
+}
+
 int64_t chunks_per_head(const Problem& p, int64_t asked) {
   if (asked > 0) return std::clamp<int64_t>(asked, 1, std::max<int64_t>(p.B, 1));
-  const int64_t threads = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  const int64_t threads = machine_threads();
   return std::clamp<int64_t>((threads + p.Hkv - 1) / p.Hkv, 1, std::max<int64_t>(p.B / 8, 1));
 }
 
@@ -807,8 +813,7 @@ bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_ba
   if (n == 0) return true;
   // Tasks over query ranges (at once on Halide's thread pool where asked: each query's tiles are
   // its own), of at least 16 queries; one scratch set each.
-  const int64_t threads = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
-  const int64_t tasks = parallel ? std::clamp<int64_t>(chunks > 0 ? chunks : threads, 1, std::max<int64_t>(p.Tq / 16, 1)) : 1;
+  const int64_t tasks = parallel ? std::clamp<int64_t>(chunks > 0 ? chunks : machine_threads(), 1, std::max<int64_t>(p.Tq / 16, 1)) : 1;
   if (ws.heads.size() < static_cast<size_t>(tasks)) ws.heads.resize(static_cast<size_t>(tasks));
   ws.results.assign(static_cast<size_t>(tasks), {});
   for (int64_t i = 0; i < tasks; ++i) {
