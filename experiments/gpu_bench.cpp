@@ -7,7 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
-//                     [--loop-staging copy,in_place]
+//                     [--loop-staging copy,in_place] [--loop-tables host,resident]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -28,6 +28,9 @@
 // --loop-staging: the engine's q and out/lse in its own arrays, copied by the step (copy), and/or
 // q written into the runner's staging and out/lse read where the runner reads them back
 // (in_place: DeviceStepRunner::q_staging, read_outputs()).
+// --loop-tables: the engine's block tables passed at each step (host), and/or written once into
+// the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles are then built
+// on the device).
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -98,6 +101,7 @@ int run(int argc, char** argv) {
   bool loop_only = false;  // the step loops alone (no kernel runs, no CPU baseline of the case)
   std::vector<std::string> loop_pools = {"reachable"};
   std::vector<std::string> loop_staging = {"copy"};
+  std::vector<std::string> loop_tables = {"host"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -111,6 +115,7 @@ int run(int argc, char** argv) {
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
+          "                         [--loop-staging copy,in_place] [--loop-tables host,resident]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
           "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
@@ -131,13 +136,17 @@ int run(int argc, char** argv) {
     else if (a == "--loop-pools") loop_pools = split(next());
     else if (a == "--loop-only") loop_only = true;
     else if (a == "--loop-staging") loop_staging = split(next());
-    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging", a);
+    else if (a == "--loop-tables") loop_tables = split(next());
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging/--loop-tables", a);
   }
   for (const auto& p : loop_pools) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
   }
   for (const auto& p : loop_staging) {
     if (p != "copy" && p != "in_place") throw InputError("--loop-staging", "copy and/or in_place", p);
+  }
+  for (const auto& p : loop_tables) {
+    if (p != "host" && p != "resident") throw InputError("--loop-tables", "host and/or resident", p);
   }
   std::vector<std::pair<std::string, Dtype>> shape_dtypes;  // (shape, dtype), float32 first
   std::stable_sort(dtypes.begin(), dtypes.end(), [](const std::string& a, const std::string& b) {
@@ -319,18 +328,22 @@ int run(int argc, char** argv) {
     for (const std::string& target : loop > 0 ? targets : std::vector<std::string>{}) {
       for (const std::string& pool : loop_pools) {
         for (const std::string& staging : loop_staging) {
-          experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
-          lo.in_place = staging == "in_place";
-          try {
-            json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
-            l["pool"] = pool;
-            shape_doc["loops"].push_back(l);
-          } catch (const std::exception& e) {
-            shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"staging", staging}, {"error", e.what()}});
-            std::fprintf(stderr, "%s loop %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
-                         staging.c_str(), e.what());
+          for (const std::string& tables : loop_tables) {
+            experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
+            lo.in_place = staging == "in_place";
+            lo.resident_tables = tables == "resident";
+            try {
+              json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
+              l["pool"] = pool;
+              shape_doc["loops"].push_back(l);
+            } catch (const std::exception& e) {
+              shape_doc["loops"].push_back(
+                  {{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables}, {"error", e.what()}});
+              std::fprintf(stderr, "%s loop %s %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
+                           staging.c_str(), tables.c_str(), e.what());
+            }
+            write_partial();
           }
-          write_partial();
         }
       }
     }

@@ -43,7 +43,8 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   auto cache_id = [&](int32_t c) { return c < 0 ? c : static_cast<int32_t>(c * stride); };
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
-            {"pool_pages", N}, {"written_pages", P}, {"staging", opt.in_place ? "in_place" : "copy"}};
+            {"pool_pages", N}, {"written_pages", P}, {"staging", opt.in_place ? "in_place" : "copy"},
+            {"tables", opt.resident_tables ? "resident" : "host"}};
   auto t0 = std::chrono::steady_clock::now();
   DeviceKvCache cache(opt.target, {N, H, PS, D, dt});
   r["cache_setup_ms"] = ms_since(t0);  // allocation and clearing of both pools
@@ -102,9 +103,14 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   std::vector<uint16_t> tk16(tk.size()), tv16(tk.size());
 
   DeviceStepRunner runner(cache, opt.schedule);
+  if (opt.resident_tables) {
+    t0 = std::chrono::steady_clock::now();
+    runner.write_block_tables(TensorView<const int32_t>(tables.data(), {B, maxp}));
+    r["write_tables_ms"] = ms_since(t0);
+  }
   Outputs out;
   auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
-  std::vector<double> append_ms, plan_ms, validate_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
+  std::vector<double> append_ms, plan_ms, device_plan_ms, validate_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
   json checks = json::array();
   for (int step = 0; step < opt.steps; ++step) {
     if (decode) {
@@ -171,7 +177,11 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
       s.q.data = staged;
     }
     s.selected = TensorView<const int32_t>(st.selected.data.data(), {Tq, H, topk});
-    s.block_tables = TensorView<const int32_t>(tables.data(), {B, maxp});
+    if (opt.resident_tables) {
+      s.resident_tables = true;  // written once above: the loop's appends use held pages only
+    } else {
+      s.block_tables = TensorView<const int32_t>(tables.data(), {B, maxp});
+    }
     s.cu_seqlens_q = TensorView<const int64_t>(st.cu_seqlens_q.data.data(), {B + 1});
     s.used_kv_lens = TensorView<const int32_t>(lens.data(), {B});
     s.block_size = BS;
@@ -191,6 +201,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     }
     const halide::StepTiming& t = runner.timing();
     plan_ms.push_back(t.plan_ms);
+    device_plan_ms.push_back(t.device_plan_ms);
     upload_ms.push_back(t.upload_ms);
     q_upload_ms.push_back(t.q_upload_ms);
     validate_ms.push_back(runner.plan().validate_ms);
@@ -213,12 +224,16 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     }
   }
   r["variant"] = runner.variant();
-  r["edges"] = runner.plan().edges;
-  r["kv_bytes"] = runner.plan().kv_unit_bytes();
+  r["tiles_on_device"] = runner.plan().tiles_on_device;
+  if (!runner.plan().tiles_on_device) {  // (a plan built on the device counts nothing on the host)
+    r["edges"] = runner.plan().edges;
+    r["kv_bytes"] = runner.plan().kv_unit_bytes();
+  }
   if (decode) r["append_ms"] = summary(append_ms);
   r["plan_ms"] = summary(plan_ms);
   r["upload_ms"] = summary(upload_ms);
   r["plan_validate_ms"] = summary(validate_ms);  // inside plan_ms
+  r["device_plan_ms"] = summary(device_plan_ms);  // inside plan_ms: the decode-plan kernel
   r["q_upload_ms"] = summary(q_upload_ms);  // CUDA: each alone, beside the plan
   r["arrays_upload_ms"] = summary(arrays_ms);
   r["forward_ms"] = summary(fwd_ms);
@@ -231,11 +246,14 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["checks"] = checks;
   std::fprintf(stderr,
                "loop %s %s %s %s (pool %lld pages, %lld segments): step %.3f ms = plan %.3f + upload %.3f + kernels %.3f "
-               "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f; alone: validate %.3f, q %.3f, arrays %.3f\n",
-               opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(), opt.in_place ? "in_place" : "copy", static_cast<long long>(N),
+               "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f; alone: validate %.3f, device plan %.3f, q %.3f, "
+               "arrays %.3f\n",
+               opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(),
+               opt.resident_tables ? (opt.in_place ? "in_place resident" : "copy resident") : (opt.in_place ? "in_place" : "copy"),
+               static_cast<long long>(N),
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,
-               median(total_ms) / median(kernel_ms), median(validate_ms), median(q_upload_ms), median(arrays_ms));
+               median(total_ms) / median(kernel_ms), median(validate_ms), median(device_plan_ms), median(q_upload_ms), median(arrays_ms));
   for (const auto& c : checks) {
     std::fprintf(stderr, "  step %d vs %s: %s (out %.3g, lse %.3g)\n", c["step"].get<int>(), check_with_direct ? "direct" : "the benchmark's run",
                  c["within_tolerance"].get<bool>() ? "matches" : "DIFFERS", c["max_out_err"].get<double>(),

@@ -20,6 +20,10 @@ struct StepLoopOptions {
   // reads out/lse where the runner reads them back (read_outputs()): no host copy in the step.
   // Otherwise q is its own array, copied in by the step, and out/lse are copied into its own.
   bool in_place = false;
+  // The block tables written once into the runner (DeviceStepRunner::write_block_tables) and each
+  // step run on them (StepInputs::resident_tables: a decode step's tiles built on the device).
+  // Otherwise each step passes the engine's host tables.
+  bool resident_tables = false;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

@@ -157,6 +157,24 @@ const AotKvWriter& aot_kv_writer(const std::string& target, int bits) {
                      "register_generated_aot_kernels() first)");
 }
 
+namespace {
+std::vector<AotDecodePlan>& decode_plans() {
+  static std::vector<AotDecodePlan> p;
+  return p;
+}
+}  // namespace
+
+void aot_register_decode_plan(const AotDecodePlan& p) { decode_plans().push_back(p); }
+
+const AotDecodePlan& aot_decode_plan(const std::string& target) {
+  for (const auto& p : decode_plans()) {
+    if (p.target == target) return p;
+  }
+  throw BackendError("device step: no generated decode plan for target '" + target +
+                     "' (generators/CMakeLists.txt builds host-vulkan, host-cuda and host; call "
+                     "register_generated_aot_kernels() first)");
+}
+
 std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target) {
   if (is_vulkan_target(target)) {
     require_vulkan_device();
@@ -172,7 +190,7 @@ std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target)
   if (!kit) {
     const AotKvWriter& w32 = aot_kv_writer(target, 32);
     const AotKvWriter& w16 = aot_kv_writer(target, 16);
-    kit = std::make_shared<const DeviceKit>(DeviceKit{target, w32.device(), w32.write, w16.write});
+    kit = std::make_shared<const DeviceKit>(DeviceKit{target, w32.device(), w32.write, w16.write, aot_decode_plan(target).plan});
   }
   return kit;
 }

@@ -365,17 +365,26 @@ void DeviceKvCache::check_rows(const TensorView<const int32_t>& pages, const Sto
 
 // The first i whose (page, slot) an earlier entry has (slots null: pages alone), or -1; in
 // arrays reused across calls.
+namespace {
+
+// The first row i (in row order) whose key an earlier row has: keys[i] = (key, i), sorted here.
+int64_t first_repeated_key(std::vector<std::pair<int64_t, int64_t>>& keys) {
+  std::sort(keys.begin(), keys.end());
+  int64_t first = -1;
+  for (size_t j = 1; j < keys.size(); ++j) {
+    if (keys[j].first == keys[j - 1].first && (first < 0 || keys[j].second < first)) first = keys[j].second;
+  }
+  return first;
+}
+
+}  // namespace
+
 int64_t DeviceKvCache::first_repeat(const int32_t* pages, const int32_t* slots, int64_t n) {
   keys_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     keys_[static_cast<size_t>(i)] = {int64_t{pages[i]} * shape_.page_size + (slots ? slots[i] : 0), i};
   }
-  std::sort(keys_.begin(), keys_.end());
-  int64_t first = -1;
-  for (size_t j = 1; j < keys_.size(); ++j) {
-    if (keys_[j].first == keys_[j - 1].first && (first < 0 || keys_[j].second < first)) first = keys_[j].second;
-  }
-  return first;
+  return first_repeated_key(keys_);
 }
 
 void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v) {
@@ -610,6 +619,90 @@ void DeviceStepRunner::init(PlanOptions o) {
 
 DeviceStepRunner::~DeviceStepRunner() = default;
 
+void DeviceStepRunner::write_block_tables(const TensorView<const int32_t>& tables) {
+  if (tables.rank != 2 || !tables.row_major()) {
+    throw InputError("block_tables", "a contiguous [B, max_pages] array", shape_str(tables));
+  }
+  const int64_t B = tables.dim(0), W = tables.dim(1), n = B * W, P = cache_.shape().num_pages;
+  if (n > 0 && tables.data == nullptr) throw InputError("block_tables", "data", "a null pointer");
+  if (n >= std::numeric_limits<int32_t>::max()) {
+    throw InputError("block_tables", "fewer than 2^31 entries", shape_str(tables));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tables.data[i] >= P) {
+      throw InputError("block_tables[" + std::to_string(i / W) + ", " + std::to_string(i % W) + "]",
+                       "a page id < num_pages = " + std::to_string(P) + " (or negative)", std::to_string(tables.data[i]));
+    }
+  }
+  if (!tables_) {
+    const DeviceArraySpec& a = cache_.array_spec();
+    tables_ = std::make_unique<DeviceArray>(halide_type_of<uint32_t>(), a);
+    entry_values_ = std::make_unique<DeviceArray>(halide_type_of<uint32_t>(), a);
+    entry_seqs_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), a);
+    entry_cols_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), a);
+  }
+  tables_host_.assign(tables.data, tables.data + n);
+  tables_B_ = B;
+  tables_width_ = W;
+  // (A [0, W] or [B, 0] table: one word on the device, never read.)
+  has_tables_ = false;
+  tables_->upload(tables_host_.data(), n, {std::max<int64_t>(B, 1), 1, std::max<int64_t>(W, 1), 1});
+  check(dev_sync(tables_->buffer()), "uploading the block tables (sync)");
+  has_tables_ = true;
+}
+
+void DeviceStepRunner::write_block_table_entries(const TensorView<const int32_t>& seqs,
+                                                 const TensorView<const int32_t>& entries,
+                                                 const TensorView<const int32_t>& pages) {
+  if (!has_tables_) {
+    throw InputError("block_tables", "written by write_block_tables before write_block_table_entries", "none");
+  }
+  const int64_t n = seqs.rank == 1 ? seqs.dim(0) : -1;
+  if (n < 0 || !seqs.row_major()) throw InputError("seqs", "a contiguous [n] array", shape_str(seqs));
+  const std::string count = "a contiguous [" + std::to_string(n) + "] array (one per entry)";
+  if (entries.rank != 1 || entries.dim(0) != n || !entries.row_major()) throw InputError("entries", count, shape_str(entries));
+  if (pages.rank != 1 || pages.dim(0) != n || !pages.row_major()) throw InputError("pages", count, shape_str(pages));
+  if (n == 0) return;
+  if (seqs.data == nullptr || entries.data == nullptr || pages.data == nullptr) {
+    throw InputError(seqs.data == nullptr ? "seqs" : entries.data == nullptr ? "entries" : "pages", "data", "a null pointer");
+  }
+  const int64_t P = cache_.shape().num_pages;
+  entry_keys_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string at = "[" + std::to_string(i) + "]";
+    if (seqs.data[i] < 0 || seqs.data[i] >= tables_B_) {
+      throw InputError("seqs" + at, "a sequence in [0, " + std::to_string(tables_B_) + ")", std::to_string(seqs.data[i]));
+    }
+    if (entries.data[i] < 0 || entries.data[i] >= tables_width_) {
+      throw InputError("entries" + at, "an entry in [0, " + std::to_string(tables_width_) + ")", std::to_string(entries.data[i]));
+    }
+    if (pages.data[i] >= P) {
+      throw InputError("pages" + at, "a page id < num_pages = " + std::to_string(P) + " (or negative)", std::to_string(pages.data[i]));
+    }
+    entry_keys_[static_cast<size_t>(i)] = {int64_t{seqs.data[i]} * tables_width_ + entries.data[i], i};
+  }
+  if (const int64_t i = first_repeated_key(entry_keys_); i >= 0) {
+    throw InputError("entries[" + std::to_string(i) + "]", "each (sequence, entry) once per call",
+                     "sequence " + std::to_string(seqs.data[i]) + " entry " + std::to_string(entries.data[i]) + " again");
+  }
+  for (int64_t i = 0; i < n; ++i) tables_host_[static_cast<size_t>(seqs.data[i] * tables_width_ + entries.data[i])] = pages.data[i];
+  // Each entry a row of one word, at (page = sequence, slot = entry) of the tables as a pool.
+  const KvWriteFn& write = cache_.kit().writer(32);
+  for (int64_t r0 = 0; r0 < n; r0 += kMaxRowsPerCall) {
+    const int64_t m = std::min(kMaxRowsPerCall, n - r0);
+    halide_buffer_t* rs = entry_seqs_->upload(seqs.data + r0, m, {m});
+    halide_buffer_t* rc = entry_cols_->upload(entries.data + r0, m, {m});
+    halide_buffer_t* rows = entry_values_->upload(pages.data + r0, m, {m, 1, 1});
+    check(write(rows, rs, rc, tables_->buffer()), "writing block table entries");
+  }
+  check(dev_sync(tables_->buffer()), "writing block table entries (sync)");
+}
+
+TensorView<const int32_t> DeviceStepRunner::block_tables() const {
+  if (!has_tables_) return TensorView<const int32_t>(nullptr, {0, 0});
+  return TensorView<const int32_t>(tables_host_.data(), {tables_B_, tables_width_});
+}
+
 void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   auto t = clock_type::now();
   const DeviceCacheShape& cs = cache_.shape();
@@ -626,6 +719,14 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   in.v_pages = in.k_pages;
   in.selected = s.selected;
   in.block_tables = s.block_tables;
+  if (s.resident_tables) {
+    if (s.block_tables.data != nullptr) {
+      throw InputError("block_tables", "empty with resident_tables (the runner's tables are read)", shape_str(s.block_tables));
+    }
+    if (!has_tables_) throw InputError("block_tables", "written by write_block_tables before a step with resident_tables", "none");
+    in.block_tables = block_tables();
+    check_block_tables = false;  // checked where they were written
+  }
   in.cu_seqlens_q = s.cu_seqlens_q;
   in.used_kv_lens = s.used_kv_lens;
   in.block_size = s.block_size;
@@ -635,20 +736,25 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // On CUDA, q goes up beside the plan and the plan's arrays (a task each on Halide's thread
   // pool): the plan reads no q value, and q's copy is a DMA from page-locked staging that the host
   // only waits for. On Vulkan the copy joins the step's one batched submission in prepare_with().
+  // A decode step's tiles are built on the device where its tables are (one segment: the
+  // device plan addresses one pool).
+  const bool on_device = s.resident_tables && cache_.segments() == 1 && cache_.kit().decode_plan;
+  step_in_ = &in;
   struct Tasks {
     DeviceStepRunner* self;
     const InputsView* in;
-    bool check_block_tables, upload_q;
+    bool check_block_tables, upload_q, on_device;
     const Plan* plan = nullptr;
     const Kernels* kernels = nullptr;
     std::exception_ptr error[2];
     double q_ms = 0, arrays_ms = 0;
-  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), nullptr, nullptr, {}, 0, 0};
+  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), on_device, nullptr, nullptr, {}, 0, 0};
   halide_task_t task = [](void*, int i, uint8_t* closure) -> int {
     Tasks& c = *reinterpret_cast<Tasks*>(closure);
     try {
       if (i == 0) {
-        c.plan = c.check_block_tables ? &c.self->planner_.plan(*c.in) : &c.self->planner_.plan_checked_tables(*c.in);
+        Planner& pl = c.self->planner_;
+        c.plan = c.on_device ? &pl.plan_on_device(*c.in) : c.check_block_tables ? &pl.plan(*c.in) : &pl.plan_checked_tables(*c.in);
         c.kernels = &c.self->pick_(*c.plan);  // before the timing: a refused variant is a planning error
         if (c.upload_q) {
           c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true);
@@ -666,22 +772,28 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   };
   const int err = tasks.upload_q ? detail::par_for(task, 2, &tasks) : task(nullptr, 0, reinterpret_cast<uint8_t*>(&tasks));
   for (const std::exception_ptr& e : tasks.error) {
-    if (e) std::rethrow_exception(e);  // the plan's error first
+    if (e) {
+      step_in_ = nullptr;
+      std::rethrow_exception(e);  // the plan's error first
+    }
   }
   if (err != 0) throw std::runtime_error("device step: Halide's thread pool failed with " + std::to_string(err));
   if (tasks.upload_q) {
     check(dev_sync(q_->buffer()), "uploads (sync)");
-    // The plan's own time; the uploads are the rest of the wall time (both beside q's).
+    // The plan's own time (with its device part); the uploads are the rest of the wall time (both
+    // beside q's).
     const double wall = ms_since(t);
-    timing_.plan_ms = std::min(tasks.plan->plan_ms, wall);
+    timing_.plan_ms = std::min(tasks.plan->plan_ms + timing_.device_plan_ms, wall);
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.q_upload_ms = tasks.q_ms;
     timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
     const double plan_ms = ms_since(t);
     prepare_with(*tasks.plan, *tasks.kernels, s.q, false);
-    timing_.plan_ms = plan_ms;
+    timing_.plan_ms = plan_ms + timing_.device_plan_ms;
+    timing_.upload_ms -= timing_.device_plan_ms;
   }
+  step_in_ = nullptr;
   launch();
 }
 
@@ -694,7 +806,12 @@ void DeviceStepRunner::upload_q(const StorageView& sq, bool now) {
   q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_);
 }
 
-void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) { prepare_with(plan, pick_(plan), q, false); }
+void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) {
+  if (plan.tiles_on_device) {
+    throw BackendError("device step: prepare() takes a plan with its tiles (Planner::plan_on_device's are built by step())");
+  }
+  prepare_with(plan, pick_(plan), q, false);
+}
 
 void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded) {
   timing_ = StepTiming{};
@@ -747,11 +864,15 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
           st.query.upload(ts.tile_query.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
           st.decode_of = plan.decode_layout ? key : std::array<int64_t, 4>{-1, -1, -1, -1};
         }
-        st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
-        st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
+        if (plan.tiles_on_device) {
+          build_tiles_on_device(plan, bt, st);
+        } else {
+          st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
+          st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
+        }
       }
-      pidx = ts.partial_index.data() + bt.t0 * p.Hkv * p.topk;
-      if (tb != 0) {  // rebased to the batch's tiles
+      pidx = plan.tiles_on_device ? nullptr : ts.partial_index.data() + bt.t0 * p.Hkv * p.topk;
+      if (pidx && tb != 0) {  // rebased to the batch's tiles
         pidx_.assign(pidx, pidx + nq * p.Hkv * p.topk);
         for (int32_t& x : pidx_) {
           if (x >= 0) x = static_cast<int32_t>(x - tb * T);
@@ -763,7 +884,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
       pidx = pidx_.data();  // (after: it may have grown)
     }
     const int64_t nt = std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0});
-    bt.pidx.upload(pidx, nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);
+    if (pidx) bt.pidx.upload(pidx, nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);  // else written on the device
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
@@ -781,6 +902,28 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   // (With q uploaded elsewhere, q's view may be changing on that thread: the caller syncs.)
   if (!q_uploaded) check(dev_sync(q_->buffer()), "uploads (sync)");
   timing_.upload_ms = ms_since(t);
+}
+
+void DeviceStepRunner::build_tiles_on_device(const Plan& plan, Batch& bt, SegmentTiles& st) {
+  if (step_in_ == nullptr) throw BackendError("device step: a plan whose tiles the device builds, outside step()");
+  const Problem& p = plan.problem;
+  const int64_t n = st.n, count = n + p.Tq;
+  // The selection, then each query's L_b: one upload, in the step's submission.
+  if (!step_ints_) step_ints_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), cache_.array_spec());
+  step_ints_->view({count});
+  auto* h = static_cast<int32_t*>(step_ints_->host_data());
+  std::memcpy(h, step_in_->selected.data, static_cast<size_t>(n) * sizeof(int32_t));
+  for (int64_t t = 0; t < p.Tq; ++t) h[n + t] = static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]);
+  halide_buffer_t* ints = step_ints_->upload(h, count, {count}, &uploads_);
+  uploads_.flush();
+  auto t = clock_type::now();
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  check(cache_.kit().decode_plan(ints, tables_->buffer(), i32(p.Tq), i32(p.Hkv), i32(p.topk), i32(p.block_size),
+                                 i32(p.page_size), i32(p.num_pages), st.pages.view({n, p.ppb}), st.limit.view({n, 1}),
+                                 bt.pidx.view({p.Tq, p.Hkv, p.topk})),
+        "the decode plan");
+  check(dev_sync(bt.pidx.buffer()), "the decode plan (sync)");
+  timing_.device_plan_ms = ms_since(t);
 }
 
 void DeviceStepRunner::launch() {

@@ -120,7 +120,13 @@ std::shared_ptr<const DeviceKit> jit_device_kit(const Halide::Target& target, co
         return w(rows, page, slot, pool);
       };
     };
-    kit = std::make_shared<const DeviceKit>(DeviceKit{target.to_string(), dev, writer(32), writer(16)});
+    Halide::Callable plan = Halide::create_callable_from_generator(target, "kvouter_decode_plan");
+    DecodePlanFn decode_plan = [plan](halide_buffer_t* step, halide_buffer_t* tables, int32_t tq, int32_t hkv, int32_t topk,
+                                      int32_t bs, int32_t ps, int32_t num_pages, halide_buffer_t* pages,
+                                      halide_buffer_t* limit, halide_buffer_t* pidx) {
+      return plan(step, tables, tq, hkv, topk, bs, ps, num_pages, pages, limit, pidx);
+    };
+    kit = std::make_shared<const DeviceKit>(DeviceKit{target.to_string(), dev, writer(32), writer(16), decode_plan});
   }
   return kit;
 }
@@ -178,7 +184,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
     try {
       ck->kernels.kit = jit_device_kit(target, ck->kernels.device);
     } catch (const Halide::Error& e) {
-      throw BackendError("jit: compiling the device cache's writer (kvouter_kv_write) for " + target.to_string() +
+      throw BackendError("jit: compiling the device cache's writer and decode plan (kvouter_kv_write, kvouter_decode_plan) for " + target.to_string() +
                          " failed: " + e.what());
     }
   }

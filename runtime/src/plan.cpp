@@ -773,7 +773,7 @@ int decode_task(void*, int i, uint8_t* closure) {
 }  // namespace
 
 bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_batch, PlanWorkspace& ws, TileSet* out,
-                        int64_t* units, int64_t* attended, bool parallel, int64_t chunks) {
+                        int64_t* units, int64_t* attended, bool parallel, int64_t chunks, bool layout_only) {
   TileSet& ts = *out;
   // (A step of no query may claim any Hkv x topk: validate() bounds the product only with Tq.)
   const int64_t per_query = p.Tq == 0 ? 0 : p.Hkv * p.topk, n = p.Tq * per_query;
@@ -792,9 +792,10 @@ bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_ba
   if (ts.batch_tile_begin.size() == 1) ts.batch_tile_begin.push_back(0);
   ts.tile_unit.clear();
   ts.edge_partial.clear();
-  ts.tile_pages.resize(static_cast<size_t>(n * p.ppb));
-  ts.tile_limit.resize(static_cast<size_t>(n));
-  ts.partial_index.resize(static_cast<size_t>(n));
+  const size_t built = layout_only ? 0 : static_cast<size_t>(n);
+  ts.tile_pages.resize(built * static_cast<size_t>(p.ppb));
+  ts.tile_limit.resize(built);
+  ts.partial_index.resize(built);
   const std::array<int64_t, 3> shape{p.Tq, p.Hkv, p.topk};
   if (ws.decode_tiles_of != shape) {  // tile_head and tile_query depend on the shape alone
     ts.tile_head.resize(static_cast<size_t>(n));
@@ -810,7 +811,7 @@ bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_ba
   }
   *units = 0;
   *attended = 0;
-  if (n == 0) return true;
+  if (n == 0 || layout_only) return true;
   // Tasks over query ranges (at once on Halide's thread pool where asked: each query's tiles are
   // its own), of at least 16 queries; one scratch set each.
   const int64_t tasks = parallel ? std::clamp<int64_t>(chunks > 0 ? chunks : machine_threads(), 1, std::max<int64_t>(p.Tq / 16, 1)) : 1;
@@ -859,16 +860,18 @@ const Plan& Planner::plan(const InputsView& in) { return build(in, true); }
 
 const Plan& Planner::plan_checked_tables(const InputsView& in) { return build(in, false); }
 
-const Plan& Planner::build(const InputsView& in, bool check_block_tables) {
+const Plan& Planner::plan_on_device(const InputsView& in) { return build(in, false, true); }
+
+const Plan& Planner::build(const InputsView& in, bool check_block_tables, bool on_device) {
   try {
-    return build_step(in, check_block_tables);
+    return build_step(in, check_block_tables, on_device);
   } catch (...) {
     ws_ = PlanWorkspace{};  // a plan stopped by bad input may leave its scratch marks set
     throw;
   }
 }
 
-const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
+const Plan& Planner::build_step(const InputsView& in, bool check_block_tables, bool on_device) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
@@ -895,20 +898,25 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables) {
       }
     }
     int64_t units = 0, attended = 0;
-    if (build_decode_tiles(in, p, Q, ws_, &plan.tiles, &units, &attended, opt_.parallel_heads, opt_.sequence_chunks)) {
+    // The device builds one batch's tiles (its partial index is the step's).
+    const bool device = on_device && Q == 0;
+    if (build_decode_tiles(in, p, Q, ws_, &plan.tiles, &units, &attended, opt_.parallel_heads, opt_.sequence_chunks,
+                           device)) {
       size_index(plan.index, 0, 0, static_cast<size_t>(p.ppb));
       plan.index.inverse.clear();
       plan.index.head_unit_begin.clear();
       plan.index.attended_pairs = 0;
       plan.decode_layout = true;
-      plan.units = plan.edges = units;
-      plan.attended_pairs = attended;
+      plan.tiles_on_device = device;
+      plan.units = plan.edges = device ? -1 : units;
+      plan.attended_pairs = device ? -1 : attended;
       plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return plan;
     }
     // A bad table entry: the indexed plan below reports it.
   }
   plan.decode_layout = false;
+  plan.tiles_on_device = false;
   build_kvouter_index(in, p, ws_, &plan.index, opt_.parallel_heads, opt_.sequence_chunks);
   const int64_t T = opt_.tile_edges > 0 ? opt_.tile_edges : auto_tile_edges(plan.index);
   build_tiles(p, plan.index, T, 0, ws_, &plan.tiles);

@@ -16,6 +16,7 @@
 #include "kvouter/cuda_probe.h"
 #include "kvouter/device_cache.h"
 #include "kvouter/errors.h"
+#include "kvouter/jit.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"
 #include "vulkan_required.h"
@@ -51,6 +52,8 @@ struct Engine {
   Inputs host;  // values (and bits, 16-bit) of everything; K/V mirror the device pool
   std::vector<int32_t> lens = std::vector<int32_t>(B, 0);
   std::vector<int32_t> free_pages;
+  // The table entries the last append() set: (sequence, entry, page).
+  std::vector<int32_t> new_seq, new_entry, new_page;
   std::mt19937 rng;
   Dtype dtype;
   DeviceKvCache* cache;
@@ -120,12 +123,18 @@ struct Engine {
     std::vector<int32_t> pages, slots;
     std::vector<float> k(B * Hkv * D), v(k.size());
     std::vector<uint16_t> k16(k.size()), v16(k.size());
+    new_seq.clear();
+    new_entry.clear();
+    new_page.clear();
     for (int64_t b = 0; b < B; ++b) {
       const int32_t pos = lens[static_cast<size_t>(b)];
       int32_t& pg = host.block_tables.data[static_cast<size_t>(b * max_pages + pos / page)];
       if (pos % page == 0) {
         pg = free_pages.back();
         free_pages.pop_back();
+        new_seq.push_back(static_cast<int32_t>(b));
+        new_entry.push_back(pos / static_cast<int32_t>(page));
+        new_page.push_back(pg);
       }
       pages.push_back(pg);
       slots.push_back(pos % page);
@@ -192,21 +201,53 @@ struct Param {
 
 class DeviceCacheTest : public ::testing::TestWithParam<Param> {};
 
+// How a decode loop passes its block tables: at every step (host), or written into the runner
+// once and then entry by entry as appends take new pages (resident; a decode step's tiles are then
+// built on the device, where the pool is one segment), or alternating between the two.
+enum class Tables { kHost, kResident, kAlternating };
+
 // `steps` decode steps after a prefill of 5 tokens; every step against the oracle.
-void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed, int prefill = 5) {
+// With `jit`, the cache and the runner on those kernels' kit (their own writers and decode plan).
+void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed, int prefill = 5,
+                 Tables tables = Tables::kHost, const halide::Kernels* jit = nullptr) {
   DeviceCacheShape shape{Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype};
-  DeviceKvCache cache(p.target, shape, segment_pages);
+  std::unique_ptr<DeviceKvCache> cache_owner = jit ? std::make_unique<DeviceKvCache>(jit->kit, shape, segment_pages)
+                                                   : std::make_unique<DeviceKvCache>(p.target, shape, segment_pages);
+  DeviceKvCache& cache = *cache_owner;
   if (segment_pages > 0) {
     ASSERT_EQ(cache.segments(), (Engine::pool_pages + segment_pages - 1) / segment_pages);
   }
   Engine e(p.dtype, &cache, seed);
   e.prefill(prefill);
-  DeviceStepRunner runner(cache, p.schedule);
+  std::unique_ptr<DeviceStepRunner> runner_owner =
+      jit ? std::make_unique<DeviceStepRunner>(cache, [jit](const Plan&) -> const halide::Kernels& { return *jit; },
+                                               PlanOptions{})
+          : std::make_unique<DeviceStepRunner>(cache, p.schedule);
+  DeviceStepRunner& runner = *runner_owner;
+  if (tables != Tables::kHost) {
+    runner.write_block_tables(TensorView<const int32_t>(e.host.block_tables.data.data(), {Engine::B, Engine::max_pages}));
+  }
   Outputs out;
   for (int step = 0; step < steps; ++step) {
     e.append();
     e.new_step(step == steps - 1);
-    runner.step(e.step_inputs());
+    StepInputs s = e.step_inputs();
+    if (tables != Tables::kHost) {
+      const int64_t n = static_cast<int64_t>(e.new_seq.size());
+      runner.write_block_table_entries(TensorView<const int32_t>(e.new_seq.data(), {n}),
+                                       TensorView<const int32_t>(e.new_entry.data(), {n}),
+                                       TensorView<const int32_t>(e.new_page.data(), {n}));
+      const TensorView<const int32_t> held = runner.block_tables();
+      ASSERT_EQ(held.numel(), e.host.block_tables.numel());
+      ASSERT_EQ(std::memcmp(held.data, e.host.block_tables.data.data(), e.host.block_tables.data.size() * sizeof(int32_t)), 0);
+    }
+    const bool resident = tables == Tables::kResident || (tables == Tables::kAlternating && step % 2 == 0);
+    if (resident) {
+      s.block_tables = TensorView<const int32_t>();
+      s.resident_tables = true;
+    }
+    runner.step(s);
+    EXPECT_EQ(runner.plan().tiles_on_device, resident && cache.segments() == 1) << "step " << step;
     out = outputs_for(runner.plan().problem);
     runner.read_outputs(out);
     const Inputs values = testing::values_only(e.host);
@@ -224,6 +265,34 @@ void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed
 TEST_P(DeviceCacheTest, DecodeLoopMatchesTheOracleEveryStep) {
   REQUIRE_DEVICE(GetParam().target);
   decode_loop(GetParam(), 0, 8, 11);
+}
+
+// The same loops on the runner's resident tables, written entry by entry as appends take pages:
+// one segment (the tiles built on the device), segments of 3 pages (planned on the host from
+// the runner's tables), steps to the tables' end, and steps alternating with host tables.
+TEST_P(DeviceCacheTest, ResidentTablesMatchTheOracleEveryStep) {
+  REQUIRE_DEVICE(GetParam().target);
+  decode_loop(GetParam(), 0, 8, 31, 5, Tables::kResident);
+  decode_loop(GetParam(), 3, 5, 32, 5, Tables::kResident);
+  decode_loop(GetParam(), 0, 4, 33, Engine::max_pages * Engine::page - 4, Tables::kResident);
+  decode_loop(GetParam(), 0, 6, 34, 3, Tables::kAlternating);
+}
+
+// The JIT's kernels on their own kit: its decode plan, compiled beside its writers, builds the
+// tiles of the resident tables' steps.
+TEST(DeviceCache, JitKitBuildsTheDecodePlan) {
+  REQUIRE_DEVICE("host-vulkan");
+  halide::JitRequest req;
+  req.schedule = "vulkan_onepass";
+  req.target = "host-vulkan";
+  req.spec.D = Engine::D;
+  req.spec.page_size = Engine::page;
+  req.spec.block_size = Engine::block;
+  req.spec.qhead = Engine::Hq / Engine::Hkv;
+  req.spec.T = 1;
+  const auto compiled = halide::jit_compile(req);
+  ASSERT_TRUE(compiled->kernels.kit && compiled->kernels.kit->decode_plan);
+  decode_loop({"host-vulkan", "vulkan_onepass", Dtype::kFloat32}, 0, 4, 35, 5, Tables::kResident, &compiled->kernels);
 }
 
 // Pools in segments of 3 pages (blocks of 2 pages straddle them): each segment's forward over its
@@ -447,12 +516,56 @@ TEST(DeviceCache, StepsNamingPagesBeyondThePoolOrAnotherDtypeAreRefused) {
   EXPECT_EQ(input_error_field([&] { runner.step(e.step_inputs()); }), "k_pages dtype");
 }
 
+// The resident tables: every bad write is refused where it is written, naming the field, and
+// leaves the tables as they were; a step asks for them only once written, with no tables of its own.
+TEST(DeviceCache, ResidentTablesAreCheckedWhereWritten) {
+  REQUIRE_DEVICE("host-vulkan");
+  DeviceKvCache cache("host-vulkan", {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, Dtype::kFloat32});
+  Engine e(Dtype::kFloat32, &cache, 19);
+  e.prefill(8);
+  e.new_step();
+  DeviceStepRunner runner(cache, "vulkan_onepass");
+  StepInputs s = e.step_inputs();
+  s.resident_tables = true;
+  EXPECT_EQ(input_error_field([&] { runner.step(s); }), "block_tables");  // none written yet
+  std::vector<int32_t> tables = e.host.block_tables.data;
+  const TensorView<const int32_t> view(tables.data(), {Engine::B, Engine::max_pages});
+  tables[Engine::max_pages + 2] = Engine::pool_pages;  // sequence 1, entry 2: beyond the pool
+  EXPECT_EQ(input_error_field([&] { runner.write_block_tables(view); }), "block_tables[1, 2]");
+  EXPECT_EQ(runner.block_tables().numel(), 0);
+  tables[Engine::max_pages + 2] = -1;
+  runner.write_block_tables(view);
+  EXPECT_EQ(input_error_field([&] { runner.step(s); }), "block_tables");  // its own tables too
+  s.block_tables = TensorView<const int32_t>();
+  runner.step(s);
+  EXPECT_TRUE(runner.plan().tiles_on_device);
+  std::vector<int32_t> seq = {0, 2}, entry = {5, 7}, page = {3, Engine::pool_pages}, twice = {5, 5}, zero = {0, 0};
+  auto entries = [&](std::vector<int32_t>& a, std::vector<int32_t>& b, std::vector<int32_t>& c, int64_t nb = 2) {
+    runner.write_block_table_entries(TensorView<const int32_t>(a.data(), {2}), TensorView<const int32_t>(b.data(), {nb}),
+                                     TensorView<const int32_t>(c.data(), {2}));
+  };
+  EXPECT_EQ(input_error_field([&] { entries(seq, entry, page); }), "pages[1]");
+  std::vector<int32_t> bad_seq = {0, Engine::B}, bad_entry = {-1, 0}, fine = {3, 4};
+  EXPECT_EQ(input_error_field([&] { entries(bad_seq, entry, fine); }), "seqs[1]");
+  EXPECT_EQ(input_error_field([&] { entries(seq, bad_entry, fine); }), "entries[0]");
+  EXPECT_EQ(input_error_field([&] { entries(zero, twice, fine); }), "entries[1]");
+  EXPECT_EQ(input_error_field([&] { entries(seq, entry, fine, 1); }), "entries");
+  const TensorView<const int32_t> held = runner.block_tables();
+  EXPECT_EQ(std::vector<int32_t>(held.data, held.data + held.numel()), tables);  // nothing written
+  entries(seq, entry, fine);
+  EXPECT_EQ(runner.block_tables().data[5], 3);
+  EXPECT_EQ(runner.block_tables().data[2 * Engine::max_pages + 7], 4);
+}
+
 // Caches and runners on separate threads, each its own engine: every step right.
 TEST(DeviceCache, ConcurrentCachesAndRunners) {
   REQUIRE_DEVICE("host-vulkan");
   std::vector<std::thread> threads;
   for (uint32_t i = 0; i < 3; ++i) {
-    threads.emplace_back([i] { decode_loop({"host-vulkan", "vulkan_onepass", i == 1 ? Dtype::kBFloat16 : Dtype::kFloat32}, i == 2 ? 5 : 0, 4, 20 + i); });
+    threads.emplace_back([i] {
+      decode_loop({"host-vulkan", "vulkan_onepass", i == 1 ? Dtype::kBFloat16 : Dtype::kFloat32}, i == 2 ? 5 : 0, 4, 20 + i, 5,
+                  i == 0 ? Tables::kResident : Tables::kHost);
+    });
   }
   for (auto& t : threads) t.join();
 }

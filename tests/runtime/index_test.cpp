@@ -10,6 +10,9 @@
 
 #include "case_gen.h"
 #include "case_kinds.h"
+#include "HalideBuffer.h"
+#include "kvouter/aot.h"
+#include "kvouter/aot_kernels.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_copy.h"
 #include "kvouter/plan.h"
@@ -689,6 +692,92 @@ TEST(Planner, DecodeLayoutReportsABadEntryAsTheIndexDoes) {
     const Inputs fine = experiments::make_case(decode_kinds()[6].second);
     expect_same_decode_tiles(planner.plan(fine), good);
   }
+}
+
+// The device's decode plan (generators/kvouter_decode_plan, its host build) against the host's
+// layout of the same step: every array element for element, and the runner's padding rows empty.
+TEST(Planner, DecodePlanKernelBuildsTheHostLayout) {
+  halide::register_generated_aot_kernels();
+  const halide::AotDecodePlan& kernel = halide::aot_decode_plan("host");
+  Planner host(decode_layout_options());
+  Planner device(decode_layout_options());
+  for (const auto& [name, spec] : decode_kinds()) {
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    const Plan& want = host.plan(in);
+    const Plan& shell = device.plan_on_device(in);
+    ASSERT_TRUE(shell.tiles_on_device);
+    ASSERT_TRUE(shell.decode_layout);
+    EXPECT_EQ(shell.units, -1);
+    EXPECT_EQ(shell.attended_pairs, -1);
+    EXPECT_TRUE(shell.tiles.tile_pages.empty() && shell.tiles.tile_limit.empty() && shell.tiles.partial_index.empty());
+    EXPECT_EQ(shell.tiles.tile_head, want.tiles.tile_head);
+    EXPECT_EQ(shell.tiles.tile_query, want.tiles.tile_query);
+    EXPECT_EQ(shell.tiles.batch_tile_begin, want.tiles.batch_tile_begin);
+    const Problem& p = want.problem;
+    const int64_t n = p.Tq * p.Hkv * p.topk, pad = 13, tq_pad = 3;
+    // [selected | kv_len], the tables as the writer's pool (1, entry, 1, sequence).
+    std::vector<int32_t> ints(in.selected.data.begin(), in.selected.data.end());
+    for (int64_t t = 0; t < p.Tq; ++t) ints.push_back(static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]));
+    Halide::Runtime::Buffer<int32_t> step(ints.data(), static_cast<int>(ints.size()));
+    std::vector<uint32_t> words(in.block_tables.data.begin(), in.block_tables.data.end());
+    Halide::Runtime::Buffer<uint32_t> tables(words.data(), 1, static_cast<int>(p.max_pages), 1, static_cast<int>(p.B));
+    Halide::Runtime::Buffer<int32_t> pages(static_cast<int>(p.ppb), static_cast<int>(n + pad));
+    Halide::Runtime::Buffer<int32_t> limit(1, static_cast<int>(n + pad));
+    Halide::Runtime::Buffer<int32_t> pidx(static_cast<int>(p.topk), static_cast<int>(p.Hkv), static_cast<int>(p.Tq + tq_pad));
+    pages.fill(12345);
+    limit.fill(12345);
+    pidx.fill(12345);
+    const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+    ASSERT_EQ(kernel.plan(step.raw_buffer(), tables.raw_buffer(), i32(p.Tq), i32(p.Hkv), i32(p.topk), i32(p.block_size),
+                          i32(p.page_size), i32(p.num_pages), pages.raw_buffer(), limit.raw_buffer(), pidx.raw_buffer()),
+              0);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n + pad; ++i) {
+      const bool real = i < n;
+      const int32_t lim = real ? want.tiles.tile_limit[static_cast<size_t>(i)] : 0;
+      wrong += limit(0, static_cast<int>(i)) != lim;
+      for (int64_t j = 0; j < p.ppb; ++j) {
+        const int32_t pg = real ? want.tiles.tile_pages[static_cast<size_t>(i * p.ppb + j)] : layout::kNoPage;
+        wrong += pages(static_cast<int>(j), static_cast<int>(i)) != pg;
+      }
+    }
+    for (int64_t t = 0; t < p.Tq + tq_pad; ++t) {
+      for (int64_t h = 0; h < p.Hkv; ++h) {
+        for (int64_t r = 0; r < p.topk; ++r) {
+          const int64_t i = (t * p.Hkv + h) * p.topk + r;
+          const int32_t x = t < p.Tq ? want.tiles.partial_index[static_cast<size_t>(i)] : layout::kNoPartial;
+          wrong += pidx(static_cast<int>(r), static_cast<int>(h), static_cast<int>(t)) != x;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+TEST(Planner, PlanOnDeviceLeavesOtherStepsToTheHost) {
+  // A step that is not a decode step, and a decode step of query batches, are planned on the host
+  // (their tiles and counts as plan_checked_tables's).
+  for (const auto& [name, spec] : varied_kinds()) {
+    SCOPED_TRACE(name);
+    const Inputs in = experiments::make_case(spec);
+    Planner a(decode_layout_options()), b(decode_layout_options());
+    const Plan& dev = a.plan_on_device(in);
+    const Plan& ref = b.plan_checked_tables(in);
+    EXPECT_EQ(dev.tiles_on_device, ref.decode_layout);
+    if (!dev.tiles_on_device) {
+      EXPECT_EQ(dev.tiles.tile_limit, ref.tiles.tile_limit);
+      EXPECT_EQ(dev.units, ref.units);
+    }
+  }
+  const Inputs in = experiments::make_case(decode_kinds()[0].second);
+  PlanOptions o = decode_layout_options();
+  const Problem p = validate(in);
+  o.max_batch_partial_floats = p.Hkv * p.topk * std::max(p.qhead * (p.D + layout::kPartialExtra), p.block_size * p.D) * 2;
+  const Plan& batched = Planner(o).plan_on_device(in);
+  EXPECT_FALSE(batched.tiles_on_device);
+  EXPECT_TRUE(batched.decode_layout);
+  EXPECT_GT(batched.tiles.batches(), 1);
 }
 
 }  // namespace

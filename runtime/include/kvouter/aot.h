@@ -45,6 +45,19 @@ struct AotKvWriter {
 void aot_register_kv_writer(const AotKvWriter& w);
 // Throws BackendError when none was generated for (target, bits).
 const AotKvWriter& aot_kv_writer(const std::string& target, int bits);
+// The step runner's decode plan (generators/kvouter_decode_plan) for one target (host-vulkan,
+// host-cuda, or host): (step, tables, tq, hkv, topk, block_size, page_size, num_pages, tile_pages,
+// tile_limit, partial_index).
+using AotDecodePlanFn = int (*)(halide_buffer_t*, halide_buffer_t*, int32_t, int32_t, int32_t, int32_t, int32_t, int32_t,
+                                halide_buffer_t*, halide_buffer_t*, halide_buffer_t*);
+struct AotDecodePlan {
+  std::string target;
+  AotDecodePlanFn plan;
+  const halide_device_interface_t* (*device)();  // nullptr for the host's
+};
+void aot_register_decode_plan(const AotDecodePlan& p);
+// Throws BackendError when none was generated for the target.
+const AotDecodePlan& aot_decode_plan(const std::string& target);
 // The generated writers of a GPU target (host-vulkan, host-cuda) as its device kit, after the
 // device checks (BackendError without such a device, or for another target).
 std::shared_ptr<const DeviceKit> generated_device_kit(const std::string& target);

@@ -2,7 +2,10 @@
 // host-cuda): FlashInfer's shape. The K and V pools are allocated on the device once; pages and
 // appended tokens are written in place by a scatter kernel (generators/kvouter_kv_write); a step
 // uploads only q, the plan's arrays and the query's partial index, runs forward and combine on
-// device buffers, and reads out/lse back only when asked. Nothing is compacted per step.
+// device buffers, and reads out/lse back only when asked. Nothing is compacted per step. With the
+// block tables resident in the runner (write_block_tables, StepInputs::resident_tables), a decode
+// step's plan arrays are built on the device (generators/kvouter_decode_plan) from the step's
+// selection and lengths, one upload.
 //
 // Every GPU run goes through these two classes: the 'aot' and 'jit' backends' GPU kernels too
 // (halide_kernels.cpp), with the kernels and writers of their own runtime (a DeviceKit), so that
@@ -230,21 +233,33 @@ struct StepInputs {
   int64_t block_size = 0;
   bool causal = false;
   std::optional<float> softmax_scale;
+  // The runner's resident block tables (DeviceStepRunner::write_block_tables) instead of
+  // block_tables, which must then be empty: on the device already, their entries checked where
+  // they were written. A decode step then has its tiles built on the device (plan.h,
+  // Planner::plan_on_device), from the selection and the lengths alone.
+  bool resident_tables = false;
 };
 
 // Wall times of the last step (milliseconds), each phase synchronised with the device.
 // step() on CUDA uploads q beside the plan and the plan's arrays: plan_ms is then the plan's own
 // time, and upload_ms the rest of the wall time until every upload is done.
+// A plan built on the device (StepInputs::resident_tables): plan_ms is the host's part (validation
+// and the layout) and device_plan_ms, the selection and lengths' upload and the decode-plan kernel
+// to its end.
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
   // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone.
   double q_upload_ms = 0, arrays_upload_ms = 0;
+  // Inside plan_ms: the device's part of a plan built there (0 for a host plan).
+  double device_plan_ms = 0;
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
 };
 
 // The kernels for a plan (the runner calls it once per step; what it returns stays valid while
 // the picker lives).
 using KernelPicker = std::function<const Kernels&(const Plan&)>;
+
+struct SegmentTiles;
 
 class DeviceStepRunner {
  public:
@@ -260,6 +275,16 @@ class DeviceStepRunner {
   // Planner::plan_checked_tables; a decode step in the fixed decode layout, plan.h) and runs one
   // step: prepare(), then launch(). out/lse stay on the device.
   void step(const StepInputs& in, bool check_block_tables = true);
+  // The block tables for steps with StepInputs::resident_tables ([B, max_pages], SPEC's
+  // block_tables), kept on the device: written whole, every entry checked once here (a page id
+  // below the cache's num_pages, or negative for none) ...
+  void write_block_tables(const TensorView<const int32_t>& tables);
+  // ... or entry by entry, in place: tables[seqs[i], entries[i]] = pages[i], each checked, by the
+  // device cache's scatter kernel. An entry written twice in one call is an InputError.
+  void write_block_table_entries(const TensorView<const int32_t>& seqs, const TensorView<const int32_t>& entries,
+                                 const TensorView<const int32_t>& pages);
+  // The resident tables as written (empty before write_block_tables).
+  TensorView<const int32_t> block_tables() const;
   // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
   // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...
   void prepare(const Plan& plan, const StorageView& q);
@@ -304,6 +329,18 @@ class DeviceStepRunner {
   // Host scratch, reused across steps.
   std::vector<int32_t> head_, pages_, query_, limit_, pidx_, copy_of_, iota_;  // segmented pools only
   std::vector<int64_t> seg_count_;
+  // The resident block tables: the host's copy, and the device's as the KV writer's 32-bit pool
+  // ([B, 1, max_pages, 1]); with the rows of an entry write.
+  std::vector<int32_t> tables_host_;
+  int64_t tables_B_ = 0, tables_width_ = 0;
+  bool has_tables_ = false;
+  std::unique_ptr<DeviceArray> tables_, entry_values_, entry_seqs_, entry_cols_;
+  std::vector<std::pair<int64_t, int64_t>> entry_keys_;
+  // A plan built on the device: the step's selection and lengths (one upload), and the inputs
+  // they come from (set by step() for prepare_with()).
+  std::unique_ptr<DeviceArray> step_ints_;
+  const InputsView* step_in_ = nullptr;
+  void build_tiles_on_device(const Plan& plan, Batch& bt, SegmentTiles& st);
   void read_into(const OutputsView& out, bool direct);
   // read_outputs()'s host arrays, out then lse (page-locked on CUDA), grown as needed.
   std::unique_ptr<PinnedHost> host_out_;

@@ -25,12 +25,20 @@ using CombineFn = std::function<int(halide_buffer_t* partials, halide_buffer_t* 
 using KvWriteFn = std::function<int(halide_buffer_t* rows, halide_buffer_t* row_page, halide_buffer_t* row_slot,
                                     halide_buffer_t* pool)>;
 
+// The step runner's decode plan (generators/kvouter_decode_plan): (step, tables, tq, hkv, topk,
+// block_size, page_size, num_pages, tile_pages, tile_limit, partial_index).
+using DecodePlanFn = std::function<int(halide_buffer_t* step, halide_buffer_t* tables, int32_t tq, int32_t hkv,
+                                       int32_t topk, int32_t block_size, int32_t page_size, int32_t num_pages,
+                                       halide_buffer_t* tile_pages, halide_buffer_t* tile_limit,
+                                       halide_buffer_t* partial_index)>;
+
 // A GPU target's device, with the device cache's writers compiled for it (AOT-generated or
 // JIT-compiled, from the same runtime as the kernels that read the cache).
 struct DeviceKit {
   std::string target;  // host-vulkan or host-cuda (with or without features)
   const halide_device_interface_t* dev = nullptr;
   KvWriteFn write32, write16;  // per element size
+  DecodePlanFn decode_plan;    // the step runner's decode plan on the device
   const KvWriteFn& writer(int bits) const { return bits == 16 ? write16 : write32; }
 };
 

@@ -164,14 +164,21 @@ bool is_decode_step(const Problem& p);
 // the indexed plan (build_kvouter_index) then reports it. Sets *units and *attended.
 // parallel: query ranges planned at once on Halide's thread pool, `chunks` of them (0: the
 // machine's threads), each of at least 16 queries. ws and ts are one planner's pair.
+// layout_only: only the layout (the batches, tile_head and tile_query), for tiles that the device
+// builds (kvouter_decode_plan); tile_pages, tile_limit and partial_index are left empty, the counts 0.
 bool build_decode_tiles(const InputsView& in, const Problem& p, int64_t query_batch, PlanWorkspace& ws,
-                        TileSet* ts, int64_t* units, int64_t* attended, bool parallel = false, int64_t chunks = 0);
+                        TileSet* ts, int64_t* units, int64_t* attended, bool parallel = false, int64_t chunks = 0,
+                        bool layout_only = false);
 
 struct Plan {
   Problem problem;
   KvIndex index;  // empty in the fixed decode layout
   TileSet tiles;
   bool decode_layout = false;  // the tiles are in the fixed decode layout (build_decode_tiles)
+  // The decode layout's tile pages, limits and partial index are the device's to build
+  // (Planner::plan_on_device): those arrays are empty here, and units, edges and attended_pairs
+  // are -1 (not counted).
+  bool tiles_on_device = false;
   int64_t units = 0, edges = 0;  // work units and edges (the decode layout: tiles that attend)
   int64_t attended_pairs = 0;  // (t, h, p) triples really attended, before the qhead fan-out
   double plan_ms = 0;          // wall time of make_plan
@@ -202,13 +209,19 @@ class Planner {
   // that check the entries where they write them (a KV cache's appends). The entries a selection
   // reaches are still checked, and a bad one is the same InputError naming the entry.
   const Plan& plan_checked_tables(const InputsView& in);
+  // For a device that builds a decode step's tiles itself (the step runner's kvouter_decode_plan,
+  // from its resident block tables): with options().decode_layout, a decode step whose partials
+  // fit one query batch is validated (its block_tables entries trusted, as the runner checks them
+  // where they are written) and laid out without its rank pass (Plan::tiles_on_device); any other
+  // step is planned as plan_checked_tables().
+  const Plan& plan_on_device(const InputsView& in);
 
   const Plan& current() const { return plan_; }
   const PlanOptions& options() const { return opt_; }
 
  private:
-  const Plan& build(const InputsView& in, bool check_block_tables);
-  const Plan& build_step(const InputsView& in, bool check_block_tables);
+  const Plan& build(const InputsView& in, bool check_block_tables, bool on_device = false);
+  const Plan& build_step(const InputsView& in, bool check_block_tables, bool on_device);
   PlanOptions opt_;
   Plan plan_;
   PlanWorkspace ws_;
