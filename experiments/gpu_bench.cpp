@@ -7,7 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
-//                     [--loop-staging copy,in_place] [--loop-tables host,resident]
+//                     [--loop-staging copy,in_place] [--loop-tables host,resident,resident-device,resident-host]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -29,8 +29,9 @@
 // q written into the runner's staging and out/lse read where the runner reads them back
 // (in_place: DeviceStepRunner::q_staging, read_outputs()).
 // --loop-tables: the engine's block tables passed at each step (host), and/or written once into
-// the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles are then built
-// on the device).
+// the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles then built on
+// the device or the host as the runner's default for the target says; resident-device and
+// resident-host choose).
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -115,7 +116,7 @@ int run(int argc, char** argv) {
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
-          "                         [--loop-staging copy,in_place] [--loop-tables host,resident]\n"
+          "                         [--loop-staging copy,in_place] [--loop-tables host,resident,resident-device,resident-host]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
           "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
@@ -146,7 +147,9 @@ int run(int argc, char** argv) {
     if (p != "copy" && p != "in_place") throw InputError("--loop-staging", "copy and/or in_place", p);
   }
   for (const auto& p : loop_tables) {
-    if (p != "host" && p != "resident") throw InputError("--loop-tables", "host and/or resident", p);
+    if (p != "host" && p != "resident" && p != "resident-device" && p != "resident-host") {
+      throw InputError("--loop-tables", "host, resident, resident-device and/or resident-host", p);
+    }
   }
   std::vector<std::pair<std::string, Dtype>> shape_dtypes;  // (shape, dtype), float32 first
   std::stable_sort(dtypes.begin(), dtypes.end(), [](const std::string& a, const std::string& b) {
@@ -331,7 +334,8 @@ int run(int argc, char** argv) {
           for (const std::string& tables : loop_tables) {
             experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
             lo.in_place = staging == "in_place";
-            lo.resident_tables = tables == "resident";
+            lo.resident_tables = tables != "host";
+            lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
             try {
               json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
               l["pool"] = pool;

@@ -45,6 +45,10 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
             {"pool_pages", N}, {"written_pages", P}, {"staging", opt.in_place ? "in_place" : "copy"},
             {"tables", opt.resident_tables ? "resident" : "host"}};
+  if (opt.resident_tables) {
+    r["decode_plan_on_device"] = opt.decode_plan_on_device < 0 ? DeviceStepRunner::default_decode_plan_on_device(opt.target)
+                                                               : opt.decode_plan_on_device == 1;
+  }
   auto t0 = std::chrono::steady_clock::now();
   DeviceKvCache cache(opt.target, {N, H, PS, D, dt});
   r["cache_setup_ms"] = ms_since(t0);  // allocation and clearing of both pools
@@ -103,6 +107,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   std::vector<uint16_t> tk16(tk.size()), tv16(tk.size());
 
   DeviceStepRunner runner(cache, opt.schedule);
+  if (opt.decode_plan_on_device >= 0) runner.set_decode_plan_on_device(opt.decode_plan_on_device == 1);
   if (opt.resident_tables) {
     t0 = std::chrono::steady_clock::now();
     runner.write_block_tables(TensorView<const int32_t>(tables.data(), {B, maxp}));
@@ -249,7 +254,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f; alone: validate %.3f, device plan %.3f, q %.3f, "
                "arrays %.3f\n",
                opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(),
-               opt.resident_tables ? (opt.in_place ? "in_place resident" : "copy resident") : (opt.in_place ? "in_place" : "copy"),
+               (std::string(opt.in_place ? "in_place" : "copy") +
+                (!opt.resident_tables ? "" : r.value("decode_plan_on_device", false) ? " resident (device plan)" : " resident (host plan)"))
+                   .c_str(),
                static_cast<long long>(N),
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,

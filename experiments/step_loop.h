@@ -24,6 +24,9 @@ struct StepLoopOptions {
   // step run on them (StepInputs::resident_tables: a decode step's tiles built on the device).
   // Otherwise each step passes the engine's host tables.
   bool resident_tables = false;
+  // With resident tables: decode steps planned on the device (1), on the host (0), or as the
+  // runner's default for the target (-1; DeviceStepRunner::default_decode_plan_on_device).
+  int decode_plan_on_device = -1;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

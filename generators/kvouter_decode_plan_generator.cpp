@@ -32,13 +32,14 @@ class KvouterDecodePlan : public Generator<KvouterDecodePlan> {
   Input<int32_t> block_size{"block_size"}, page_size{"page_size"}, num_pages{"num_pages"};
   Output<Buffer<int32_t, 2>> tile_pages{"tile_pages"};        // (j, tile): [tiles, ppb]
   Output<Buffer<int32_t, 2>> tile_limit{"tile_limit"};        // (edge, tile): [tiles, 1]
-  Output<Buffer<int32_t, 3>> partial_index{"partial_index"};  // (r, h, t): [Tq, Hkv, topk]
+  // [Tq, Hkv, topk] flat: in the decode layout entry (t, h, r) is tile (t * Hkv + h) * topk + r's.
+  Output<Buffer<int32_t, 1>> partial_index{"partial_index"};
 
   void generate() {
     const Expr n = tq * hkv * topk;
     const Expr ppb = block_size / page_size;
     const Expr last_step = step.dim(0).max();
-    Var tl("tl"), j("j"), e("e"), r("r"), h("h"), t("t");
+    Var tl("tl"), j("j"), e("e");
 
     // Tile x's facts.
     auto query_of = [&](const Expr& x) { return clamp(x / max(hkv * topk, 1), 0, max(tq - 1, 0)); };
@@ -81,8 +82,7 @@ class KvouterDecodePlan : public Generator<KvouterDecodePlan> {
     tile_limit(e, tl) = select(good(fl, tl), min(block_size, len_of(tl) - id_of(tl) * block_size), 0);
 
     const Facts fi = facts("index");
-    const Expr x = (t * hkv + h) * topk + r;
-    partial_index(r, h, t) = select(t < tq && good(fi, x), x, layout::kNoPartial);
+    partial_index(tl) = select(good(fi, tl), tl, layout::kNoPartial);
 
     step.set_estimates({{0, 8192 + 128}});
     tables.set_estimates({{0, 1}, {0, 4096}, {0, 1}, {0, 128}});
@@ -94,13 +94,14 @@ class KvouterDecodePlan : public Generator<KvouterDecodePlan> {
     num_pages.set_estimate(1 << 20);
     tile_pages.set_estimates({{0, 4}, {0, 8192}});
     tile_limit.set_estimates({{0, 1}, {0, 8192}});
-    partial_index.set_estimates({{0, 16}, {0, 4}, {0, 128}});
+    partial_index.set_estimates({{0, 8192}});
 
-    // One thread per tile (per partial index entry), its facts in registers.
+    // One thread per tile (per partial index entry), its facts in registers; on a GPU the three
+    // outputs in one kernel (compute_with), so that the plan is one launch.
     const bool gpu = get_target().has_gpu_feature();
     constexpr int kThreads = 64;
+    Var xo("xo"), xi("xi");
     auto per_thread = [&](Func out, Facts f, const Var& lane) {
-      Var xo("xo"), xi("xi");
       out.split(lane, xo, xi, kThreads, TailStrategy::GuardWithIf);
       if (gpu) {
         out.gpu_blocks(xo).gpu_threads(xi);
@@ -112,9 +113,11 @@ class KvouterDecodePlan : public Generator<KvouterDecodePlan> {
     };
     per_thread(tile_pages, fp, tl);  // its ppb pages in order in the thread
     per_thread(tile_limit, fl, tl);
-    Var rh("rh"), rht("rht");
-    partial_index.fuse(r, h, rh).fuse(rh, t, rht);
-    per_thread(partial_index, fi, rht);
+    per_thread(partial_index, fi, tl);
+    if (gpu) {
+      tile_limit.compute_with(tile_pages, xi);
+      partial_index.compute_with(tile_pages, xi);
+    }
   }
 };
 

@@ -204,7 +204,9 @@ class DeviceCacheTest : public ::testing::TestWithParam<Param> {};
 // How a decode loop passes its block tables: at every step (host), or written into the runner
 // once and then entry by entry as appends take new pages (resident; a decode step's tiles are then
 // built on the device, where the pool is one segment), or alternating between the two.
-enum class Tables { kHost, kResident, kAlternating };
+// kResidentOnHost: resident, with the decode steps planned on the host from the runner's copy
+// (set_decode_plan_on_device(false)); the others build them on the device.
+enum class Tables { kHost, kResident, kAlternating, kResidentOnHost };
 
 // `steps` decode steps after a prefill of 5 tokens; every step against the oracle.
 // With `jit`, the cache and the runner on those kernels' kit (their own writers and decode plan).
@@ -224,6 +226,7 @@ void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed
                                                PlanOptions{})
           : std::make_unique<DeviceStepRunner>(cache, p.schedule);
   DeviceStepRunner& runner = *runner_owner;
+  runner.set_decode_plan_on_device(tables != Tables::kResidentOnHost);
   if (tables != Tables::kHost) {
     runner.write_block_tables(TensorView<const int32_t>(e.host.block_tables.data.data(), {Engine::B, Engine::max_pages}));
   }
@@ -241,13 +244,15 @@ void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed
       ASSERT_EQ(held.numel(), e.host.block_tables.numel());
       ASSERT_EQ(std::memcmp(held.data, e.host.block_tables.data.data(), e.host.block_tables.data.size() * sizeof(int32_t)), 0);
     }
-    const bool resident = tables == Tables::kResident || (tables == Tables::kAlternating && step % 2 == 0);
+    const bool resident = tables == Tables::kResident || tables == Tables::kResidentOnHost ||
+                          (tables == Tables::kAlternating && step % 2 == 0);
     if (resident) {
       s.block_tables = TensorView<const int32_t>();
       s.resident_tables = true;
     }
     runner.step(s);
-    EXPECT_EQ(runner.plan().tiles_on_device, resident && cache.segments() == 1) << "step " << step;
+    EXPECT_EQ(runner.plan().tiles_on_device, resident && tables != Tables::kResidentOnHost && cache.segments() == 1)
+        << "step " << step;
     out = outputs_for(runner.plan().problem);
     runner.read_outputs(out);
     const Inputs values = testing::values_only(e.host);
@@ -276,6 +281,7 @@ TEST_P(DeviceCacheTest, ResidentTablesMatchTheOracleEveryStep) {
   decode_loop(GetParam(), 3, 5, 32, 5, Tables::kResident);
   decode_loop(GetParam(), 0, 4, 33, Engine::max_pages * Engine::page - 4, Tables::kResident);
   decode_loop(GetParam(), 0, 6, 34, 3, Tables::kAlternating);
+  decode_loop(GetParam(), 0, 4, 36, 5, Tables::kResidentOnHost);
 }
 
 // The JIT's kernels on their own kit: its decode plan, compiled beside its writers, builds the
@@ -525,6 +531,7 @@ TEST(DeviceCache, ResidentTablesAreCheckedWhereWritten) {
   e.prefill(8);
   e.new_step();
   DeviceStepRunner runner(cache, "vulkan_onepass");
+  runner.set_decode_plan_on_device(true);
   StepInputs s = e.step_inputs();
   s.resident_tables = true;
   EXPECT_EQ(input_error_field([&] { runner.step(s); }), "block_tables");  // none written yet

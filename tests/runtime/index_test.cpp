@@ -724,7 +724,7 @@ TEST(Planner, DecodePlanKernelBuildsTheHostLayout) {
     Halide::Runtime::Buffer<uint32_t> tables(words.data(), 1, static_cast<int>(p.max_pages), 1, static_cast<int>(p.B));
     Halide::Runtime::Buffer<int32_t> pages(static_cast<int>(p.ppb), static_cast<int>(n + pad));
     Halide::Runtime::Buffer<int32_t> limit(1, static_cast<int>(n + pad));
-    Halide::Runtime::Buffer<int32_t> pidx(static_cast<int>(p.topk), static_cast<int>(p.Hkv), static_cast<int>(p.Tq + tq_pad));
+    Halide::Runtime::Buffer<int32_t> pidx(static_cast<int>(p.topk * p.Hkv * (p.Tq + tq_pad)));  // flat
     pages.fill(12345);
     limit.fill(12345);
     pidx.fill(12345);
@@ -747,7 +747,7 @@ TEST(Planner, DecodePlanKernelBuildsTheHostLayout) {
         for (int64_t r = 0; r < p.topk; ++r) {
           const int64_t i = (t * p.Hkv + h) * p.topk + r;
           const int32_t x = t < p.Tq ? want.tiles.partial_index[static_cast<size_t>(i)] : layout::kNoPartial;
-          wrong += pidx(static_cast<int>(r), static_cast<int>(h), static_cast<int>(t)) != x;
+          wrong += pidx(static_cast<int>(i)) != x;
         }
       }
     }

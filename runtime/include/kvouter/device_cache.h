@@ -244,8 +244,8 @@ struct StepInputs {
 // step() on CUDA uploads q beside the plan and the plan's arrays: plan_ms is then the plan's own
 // time, and upload_ms the rest of the wall time until every upload is done.
 // A plan built on the device (StepInputs::resident_tables): plan_ms is the host's part (validation
-// and the layout) and device_plan_ms, the selection and lengths' upload and the decode-plan kernel
-// to its end.
+// and the layout) and device_plan_ms, the decode-plan kernels to their end (on CUDA: their issue;
+// they run in stream order ahead of q's copy, inside upload_ms).
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
   // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone.
@@ -285,6 +285,11 @@ class DeviceStepRunner {
                                  const TensorView<const int32_t>& pages);
   // The resident tables as written (empty before write_block_tables).
   TensorView<const int32_t> block_tables() const;
+  // Whether a decode step on the resident tables has its tiles built on the device (else planned
+  // on the host from the runner's copy of the tables). Default: the faster on the target, as
+  // measured (default_decode_plan_on_device).
+  void set_decode_plan_on_device(bool on) { decode_plan_on_device_ = on; }
+  static bool default_decode_plan_on_device(const std::string& target);
   // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
   // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...
   void prepare(const Plan& plan, const StorageView& q);
@@ -334,6 +339,7 @@ class DeviceStepRunner {
   std::vector<int32_t> tables_host_;
   int64_t tables_B_ = 0, tables_width_ = 0;
   bool has_tables_ = false;
+  bool decode_plan_on_device_ = false;
   std::unique_ptr<DeviceArray> tables_, entry_values_, entry_seqs_, entry_cols_;
   std::vector<std::pair<int64_t, int64_t>> entry_keys_;
   // A plan built on the device: the step's selection and lengths (one upload), and the inputs
