@@ -700,9 +700,12 @@ void DeviceStepRunner::write_block_table_entries(const TensorView<const int32_t>
 }
 
 bool DeviceStepRunner::default_decode_plan_on_device(const std::string& target) {
-  // Measured 2026-12-03 (H200, gpu-decode, experiments/results/gpu/2026-12-03/gpu_bench_loop_device_plan.json):
-  // on Vulkan the decode plan's three kernels took 0.44-0.46 ms (a submission and a wait each in
-  // Halide 21's runtime) against the host plan's 0.16-0.18 ms; on CUDA the step was 0.06 ms shorter.
+  // Measured 2026-12-03 (H200, gpu-decode, 64-step loops, medians;
+  // experiments/results/gpu/2026-12-03/gpu_bench_loop_device_plan_one_kernel.json): on CUDA the
+  // step took 1.138 / 1.048 ms (float32 / bfloat16) with the plan on the device against 1.259 /
+  // 1.215 ms planned on the host; on Vulkan 3.708 / 3.712 ms against 3.508 / 3.293 ms (the
+  // kernel's submission and wait in Halide 21's Vulkan runtime: 0.27-0.29 ms, the host plan
+  // 0.16 ms).
   return is_cuda_target(target);
 }
 
