@@ -9,8 +9,11 @@
 #include <cmath>
 #include <limits>
 
+#include "HalideBuffer.h"
 #include "fuzz_common.h"
 #include "kvouter/errors.h"
+#include "kvouter/tile_layout.h"
+#include "kvouter_decode_plan_host.h"
 #include "plan_invariants.h"
 
 namespace {
@@ -168,6 +171,39 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                      std::equal(f.tiles.tile_pages.begin() + i * ppb, f.tiles.tile_pages.begin() + (i + 1) * ppb,
                                 ip.tiles.tile_pages.begin() + xs * ppb),
                  "decode layout rank %zu differs from the index's partial %d", i, x);
+    }
+    // The step runner's decode plan (generators/kvouter_decode_plan, generated for the host) on
+    // the same step: the same arrays, and its padding rows empty. Its tables hold only entries
+    // the runner accepts (a page id below num_pages, or negative).
+    bool accepted = true;
+    for (int32_t e : in.block_tables.data) accepted &= e < p.num_pages;
+    if (accepted && n > 0) {
+      std::vector<int32_t> ints(in.selected.data.begin(), in.selected.data.end());
+      for (int64_t t = 0; t < p.Tq; ++t) ints.push_back(static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]));
+      std::vector<uint32_t> words(in.block_tables.data.begin(), in.block_tables.data.end());
+      if (words.empty()) words.push_back(0);
+      Halide::Runtime::Buffer<int32_t> step(ints.data(), static_cast<int>(ints.size()));
+      Halide::Runtime::Buffer<uint32_t> tables(words.data(), 1, std::max<int>(static_cast<int>(p.max_pages), 1), 1,
+                                               std::max<int>(static_cast<int>(p.B), 1));
+      const int pad = 5;
+      Halide::Runtime::Buffer<int32_t> pages(static_cast<int>(ppb), static_cast<int>(n) + pad);
+      Halide::Runtime::Buffer<int32_t> limit(1, static_cast<int>(n) + pad);
+      Halide::Runtime::Buffer<int32_t> pidx(static_cast<int>(n) + pad);
+      const int rc = kvouter_decode_plan_host(step, tables, static_cast<int32_t>(p.Tq), static_cast<int32_t>(p.Hkv),
+                                              static_cast<int32_t>(p.topk), static_cast<int32_t>(p.block_size),
+                                              static_cast<int32_t>(p.page_size), static_cast<int32_t>(p.num_pages), pages,
+                                              limit, pidx);
+      FUZZ_CHECK(rc == 0, "decode plan kernel returned %d", rc);
+      for (size_t i = 0; i < n + pad; ++i) {
+        const bool real = i < n;
+        FUZZ_CHECK(limit(0, static_cast<int>(i)) == (real ? f.tiles.tile_limit[i] : 0) &&
+                       pidx(static_cast<int>(i)) == (real ? f.tiles.partial_index[i] : layout::kNoPartial),
+                   "decode plan kernel: tile %zu's limit or partial index", i);
+        for (size_t j = 0; j < ppb; ++j) {
+          FUZZ_CHECK(pages(static_cast<int>(j), static_cast<int>(i)) == (real ? f.tiles.tile_pages[i * ppb + j] : layout::kNoPage),
+                     "decode plan kernel: tile %zu page %zu", i, j);
+        }
+      }
     }
   }
   return 0;
