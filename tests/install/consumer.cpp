@@ -186,8 +186,9 @@ void decode_loop(Backend& backend, Dtype dtype, int steps, const char* what, int
 }
 
 // The same loop with the pool on the device (kvouter/device_cache.h): each appended token is
-// written into the cache in place, a step uploads only q and its plan, and out/lse are read back
-// into the engine's buffers.
+// written into the cache in place, the block tables live in the runner (written once, then each
+// new page's entry as an append takes it), a step uploads only q and its selection (the runner
+// builds the decode plan on the device), and out/lse are read back into the engine's buffers.
 void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* passed, int* failed) {
   Engine e;
   e.dtype = dtype;
@@ -221,12 +222,30 @@ void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* 
   };
   for (int i = 0; i < 5; ++i) append();
   halide::DeviceStepRunner runner(cache, "vulkan_onepass");
+  // The plan built on the device here whatever the target's default (on Vulkan: the host's), so
+  // that the installed decode-plan kernel runs.
+  runner.set_decode_plan_on_device(true);
+  runner.write_block_tables(TensorView<const int32_t>(e.tables.data(), {Engine::B, Engine::max_pages}));
   int bad = 0;
   for (int step = 0; step < steps; ++step) {
     append();
+    std::vector<int32_t> seqs, entries, new_pages;  // the entries this append set
+    for (int64_t b = 0; b < Engine::B; ++b) {
+      const int32_t pos = e.lens[b] - 1;
+      if (pos % Engine::page != 0) continue;
+      seqs.push_back(static_cast<int32_t>(b));
+      entries.push_back(pos / static_cast<int32_t>(Engine::page));
+      new_pages.push_back(e.tables[b * Engine::max_pages + pos / Engine::page]);
+    }
+    const int64_t n = static_cast<int64_t>(seqs.size());
+    runner.write_block_table_entries(TensorView<const int32_t>(seqs.data(), {n}), TensorView<const int32_t>(entries.data(), {n}),
+                                     TensorView<const int32_t>(new_pages.data(), {n}));
     e.new_query_and_selection();
     const InputsView in = e.view();
-    runner.step(halide::StepInputs(in), false);  // the engine wrote its tables itself
+    halide::StepInputs s(in);
+    s.block_tables = TensorView<const int32_t>();
+    s.resident_tables = true;
+    runner.step(s);
     runner.read_outputs(OutputsView(TensorView<float>(e.out.data(), {Engine::B, Engine::Hq, Engine::D}),
                                     TensorView<float>(e.lse.data(), {Engine::B, Engine::Hq})));
     const double err = e.max_error();
@@ -235,6 +254,10 @@ void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* 
       std::printf("device cache on %s, decode step %d: max error %g\n", target.c_str(), step, err);
       ++bad;
     }
+  }
+  if (!runner.plan().tiles_on_device) {
+    std::printf("device cache on %s: the last decode step was not planned on the device\n", target.c_str());
+    ++*failed;
   }
   std::printf("decode loop (device cache on %s, %s): %d steps, %d wrong; last step: plan %.3f ms, uploads %.3f ms, "
               "kernels %.3f ms, readback %.3f ms\n",
