@@ -191,11 +191,13 @@ halide_buffer_t* DeviceArray::view(const std::vector<int64_t>& given) {
   return &view_;
 }
 
+int64_t DeviceArray::view_bytes() const { return round64(static_cast<int64_t>(view_.size_in_bytes())); }
+
 halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
-                                     UploadBatch* batch) {
+                                     UploadBatch* batch, const VulkanMappedBuffer* from) {
   halide_buffer_t* v = view(shape);
   if (batch && fast_transfers_) {
-    batch->pending_.push_back({this, data, count});
+    batch->pending_.push_back({this, data, count, from});
   } else {
     upload_now(data, count);
   }
@@ -207,7 +209,7 @@ void UploadBatch::flush() {
   writes_.clear();
   for (const Pending& p : pending_) {
     const DeviceArray& a = *p.array;
-    writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes()))});
+    writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes())), p.from});
   }
   // Not a Vulkan device (or no host-cached memory there): each array's own copy.
   if (!vulkan_write_device(writes_)) {
@@ -834,10 +836,21 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
 }
 
 void DeviceStepRunner::upload_q(const StorageView& sq, bool now) {
-  if (sq.data != nullptr && sq.data == q_->host_data() && !q_->fits(sq.shape_vec())) {
+  const bool mapped = sq.data != nullptr && q_mapped_ && sq.data == q_mapped_->data();
+  if (sq.data != nullptr && (sq.data == q_->host_data() || mapped) && !q_->fits(sq.shape_vec())) {
     // Larger than q_staging() was sized for: growing the staging would free what q views.
     throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given",
                      shape_str(sq.shape_vec()));
+  }
+  if (mapped) {
+    // Copied by the device from where the engine wrote it, its padding the mapping's zeros.
+    q_->view(sq.shape_vec());
+    const int64_t used = sq.numel() * sq.element_bytes();
+    if (q_->view_bytes() <= 0 || q_mapped_->holds(sq.data, q_->view_bytes())) {
+      q_dirty_ = std::max(q_dirty_, used);
+      q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_, q_mapped_.get());
+      return;
+    }
   }
   q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_);
 }
@@ -1095,7 +1108,14 @@ OutputsView DeviceStepRunner::read_outputs() {
   const Problem& p = plan_->problem;
   const size_t n_out = static_cast<size_t>(p.Tq * p.Hq * p.D), n_lse = static_cast<size_t>(p.Tq * p.Hq);
   const size_t floats = std::max<size_t>(n_out + n_lse, 1);
-  float* base = reinterpret_cast<float*>(host_out_->reserve((floats + floats / 4) * sizeof(float)));
+  const size_t bytes = (floats + floats / 4) * sizeof(float);
+  float* base = nullptr;
+  if (is_vulkan_target(cache_.target()) && DeviceArray::fast_transfers()) {
+    // Read back into mapped memory of our own: the device's copies land where the engine reads.
+    if (!out_mapped_) out_mapped_ = std::make_unique<VulkanMappedBuffer>();
+    base = static_cast<float*>(out_mapped_->reserve(static_cast<int64_t>(bytes)));
+  }
+  if (!base) base = reinterpret_cast<float*>(host_out_->reserve(bytes));
   OutputsView v(TensorView<float>(base, {p.Tq, p.Hq, p.D}), TensorView<float>(base + n_out, {p.Tq, p.Hq}));
   read_into(v, true);
   return v;
@@ -1106,6 +1126,19 @@ void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {
   if (Tq < 0) throw InputError("q", "a non-negative query count", std::to_string(Tq));
   if (Hq <= 0 || Hq % cs.Hkv != 0) throw InputError("q", "a head count that is a multiple of Hkv = " + std::to_string(cs.Hkv), std::to_string(Hq));
   q_->view({Tq, Hq, cs.D});
+  if (is_vulkan_target(cache_.target())) {
+    // The engine writes q where the device copies it from. Past the shape's elements, up to the
+    // padded view, the mapping holds zeros (cleared where an earlier, larger shape was written).
+    if (!q_mapped_) q_mapped_ = std::make_unique<VulkanMappedBuffer>();
+    const int64_t bytes = q_->view_bytes(), used = Tq * Hq * cs.D * dtype_bytes(cs.dtype);
+    const int64_t before = q_mapped_->size();
+    if (auto* m = static_cast<uint8_t*>(q_mapped_->reserve(bytes))) {
+      if (q_mapped_->size() != before) q_dirty_ = bytes;  // a new mapping: all of it unknown
+      if (q_dirty_ > used) std::memset(m + used, 0, static_cast<size_t>(q_dirty_ - used));
+      q_dirty_ = used;
+      return m;
+    }
+  }
   return q_->host_data();
 }
 
@@ -1119,7 +1152,18 @@ void DeviceStepRunner::read_into(const OutputsView& out, bool direct) {
   auto t = clock_type::now();
   const Problem& p = plan_->problem;
   if (p.Tq == 0) return;
-  for (int64_t b = 0; b < used_batches_; ++b) {
+  bool done = false;
+  if (out_mapped_ && out_mapped_->holds(out.out.ptr(), 0)) {
+    // Into the mapping: every batch's out and lse in one submission.
+    reads_.clear();
+    for (int64_t b = 0; b < used_batches_; ++b) {
+      Batch& bt = *batches_[static_cast<size_t>(b)];
+      reads_.push_back(bt.out.read_of(out.out.ptr() + bt.t0 * p.Hq * p.D));
+      reads_.push_back(bt.lse.read_of(out.lse.ptr() + bt.t0 * p.Hq));
+    }
+    done = vulkan_read_device(reads_, *out_mapped_);
+  }
+  for (int64_t b = 0; b < used_batches_ && !done; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
     bt.out.download(out.out.ptr() + bt.t0 * p.Hq * p.D, direct);
     bt.lse.download(out.lse.ptr() + bt.t0 * p.Hq, direct);

@@ -136,16 +136,17 @@ bool init(VkInstance instance, VkDevice device, uint32_t family) {
   return true;
 }
 
-bool reserve(VkPhysicalDevice physical, VkDeviceSize bytes) {
-  if (bytes <= staging.size) return true;
+struct HostBuffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  void* mapped = nullptr;
+  bool coherent = false;
+};
+
+// A host-cached, mapped buffer of `bytes` on the staging's device (init() first); false without
+// host-cached memory.
+bool make_host_buffer(VkPhysicalDevice physical, VkDeviceSize bytes, HostBuffer* out) {
   const Fns& f = staging.f;
-  if (staging.buffer) {
-    f.destroy_buffer(staging.device, staging.buffer, nullptr);
-    f.free(staging.device, staging.memory, nullptr);
-    staging.buffer = VK_NULL_HANDLE;
-    staging.size = 0;
-  }
-  bytes = std::max<VkDeviceSize>(bytes, VkDeviceSize{1} << 20);
   VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, nullptr, 0, bytes,
                         VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_SHARING_MODE_EXCLUSIVE,
                         0, nullptr};
@@ -178,10 +179,29 @@ bool reserve(VkPhysicalDevice physical, VkDeviceSize bytes) {
     f.destroy_buffer(staging.device, buffer, nullptr);
     return false;
   }
-  staging.buffer = buffer;
-  staging.memory = memory;
-  staging.mapped = mapped;
-  staging.coherent = (props.memoryTypes[best].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
+  out->buffer = buffer;
+  out->memory = memory;
+  out->mapped = mapped;
+  out->coherent = (props.memoryTypes[best].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
+  return true;
+}
+
+bool reserve(VkPhysicalDevice physical, VkDeviceSize bytes) {
+  if (bytes <= staging.size) return true;
+  const Fns& f = staging.f;
+  if (staging.buffer) {
+    f.destroy_buffer(staging.device, staging.buffer, nullptr);
+    f.free(staging.device, staging.memory, nullptr);
+    staging.buffer = VK_NULL_HANDLE;
+    staging.size = 0;
+  }
+  bytes = std::max<VkDeviceSize>(bytes, VkDeviceSize{1} << 20);
+  HostBuffer h;
+  if (!make_host_buffer(physical, bytes, &h)) return false;
+  staging.buffer = h.buffer;
+  staging.memory = h.memory;
+  staging.mapped = h.mapped;
+  staging.coherent = h.coherent;
   staging.size = bytes;
   return true;
 }
@@ -204,8 +224,11 @@ VkBuffer vk_buffer_of(const halide_buffer_t* buf) {
 
 // With Halide's context held and the staging at least `bytes`: before(mapped) fills the staging,
 // record(commands) records the copies, after(mapped) reads it; one submission, waited for.
+// mapped: a buffer of our own that the copies also read (flushed first) or write (invalidated
+// after), where it is not coherent.
 template <class Before, class Record, class After>
-bool with_staging(int64_t bytes, Before before, Record record, After after) {
+bool with_staging(int64_t bytes, Before before, Record record, After after, VkDeviceMemory mapped_memory = VK_NULL_HANDLE,
+                  bool mapped_coherent = true) {
   halide_vulkan_memory_allocator* allocator = nullptr;
   VkInstance instance = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
@@ -220,8 +243,12 @@ bool with_staging(int64_t bytes, Before before, Record record, After after) {
   if (ok) {
     const Fns& f = staging.f;
     before(staging.mapped);
-    if (!staging.coherent) {
+    if (!staging.coherent && staging.memory) {
       VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, staging.memory, 0, VK_WHOLE_SIZE};
+      ok = f.flush(device, 1, &r) == VK_SUCCESS;
+    }
+    if (ok && mapped_memory && !mapped_coherent) {
+      VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, mapped_memory, 0, VK_WHOLE_SIZE};
       ok = f.flush(device, 1, &r) == VK_SUCCESS;
     }
     f.reset(staging.commands, 0);
@@ -238,8 +265,12 @@ bool with_staging(int64_t bytes, Before before, Record record, After after) {
            f.wait(device, 1, &staging.fence, VK_TRUE, UINT64_MAX) == VK_SUCCESS;
       f.reset_fence(device, 1, &staging.fence);
     }
-    if (ok && !staging.coherent) {
+    if (ok && !staging.coherent && staging.memory) {
       VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, staging.memory, 0, VK_WHOLE_SIZE};
+      ok = f.invalidate(device, 1, &r) == VK_SUCCESS;
+    }
+    if (ok && mapped_memory && !mapped_coherent) {
+      VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, mapped_memory, 0, VK_WHOLE_SIZE};
       ok = f.invalidate(device, 1, &r) == VK_SUCCESS;
     }
     if (ok) after(staging.mapped);
@@ -281,17 +312,26 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
   std::lock_guard<std::mutex> lock(mu);
   // Each write at the next 256-byte offset of the staging.
   auto span = [](const VulkanWrite& w) { return (w.bytes + 255) / 256 * 256; };
-  int64_t total = 0;
+  int64_t total = 0, direct = 0;
+  const VulkanMappedBuffer* from = nullptr;  // (one at most)
   for (const VulkanWrite& w : writes) {
     if (!usable(w.dst) || w.bytes < w.src_bytes || w.src_bytes < 0) return false;
-    total += span(w);
+    if (w.from) {
+      // Copied whole from the mapping: its bytes past src_bytes are the caller's zeros.
+      if ((from && from != w.from) || !w.from->holds(w.src, w.bytes) || w.from->device_ != staging.device) return false;
+      from = w.from;
+      direct += w.bytes;
+    } else {
+      total += span(w);
+    }
   }
-  if (total == 0) return true;
+  if (total == 0 && direct == 0) return true;
   return with_staging(
       total,
       [&](void* mapped) {
         char* at = static_cast<char*>(mapped);
         for (const VulkanWrite& w : writes) {
+          if (w.from) continue;
           host_copy(at, w.src, w.src_bytes);
           host_copy(at + w.src_bytes, nullptr, w.bytes - w.src_bytes);
           at += span(w);
@@ -308,6 +348,14 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
                   nullptr);
         int64_t offset = 0;
         for (const VulkanWrite& w : writes) {
+          if (w.from) {
+            if (w.bytes > 0) {
+              const auto at = static_cast<const char*>(w.src) - static_cast<const char*>(w.from->mapped_);
+              VkBufferCopy c{static_cast<VkDeviceSize>(at), 0, static_cast<VkDeviceSize>(w.bytes)};
+              f.copy(commands, reinterpret_cast<VkBuffer>(w.from->buffer_), vk_buffer_of(w.dst), 1, &c);
+            }
+            continue;
+          }
           if (w.bytes > 0) {
             VkBufferCopy c{static_cast<VkDeviceSize>(offset), 0, static_cast<VkDeviceSize>(w.bytes)};
             f.copy(commands, staging.buffer, vk_buffer_of(w.dst), 1, &c);
@@ -320,7 +368,88 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
         f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0, nullptr, 0,
                   nullptr);
       },
-      [](void*) {});
+      [](void*) {}, from ? reinterpret_cast<VkDeviceMemory>(from->memory_) : VK_NULL_HANDLE, from ? from->coherent_ : true);
+}
+
+bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into) {
+  if (reads.empty()) return true;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!into.mapped_ || into.device_ != staging.device) return false;
+  for (const VulkanRead& r : reads) {
+    if (r.bytes < 0 || !usable(r.src) || !into.holds(r.dst, r.bytes)) return false;
+  }
+  return with_staging(
+      0, [](void*) {},
+      [&](const Fns& f, VkCommandBuffer commands) {
+        // Every earlier write of the queue (kernels, copies) before the copies read.
+        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                           VK_ACCESS_TRANSFER_READ_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                  nullptr);
+        for (const VulkanRead& r : reads) {
+          if (r.bytes == 0) continue;
+          const auto at = static_cast<const char*>(r.dst) - static_cast<const char*>(into.mapped_);
+          VkBufferCopy c{0, static_cast<VkDeviceSize>(at), static_cast<VkDeviceSize>(r.bytes)};
+          f.copy(commands, vk_buffer_of(r.src), reinterpret_cast<VkBuffer>(into.buffer_), 1, &c);
+        }
+        VkMemoryBarrier hb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, nullptr, 0, nullptr);
+      },
+      [](void*) {}, reinterpret_cast<VkDeviceMemory>(into.memory_), into.coherent_);
+}
+
+// --- VulkanMappedBuffer ------------------------------------------------------------------------
+
+VulkanMappedBuffer::~VulkanMappedBuffer() {
+  std::lock_guard<std::mutex> lock(mu);
+  release();
+}
+
+void VulkanMappedBuffer::release() {
+  // (After release_staging at exit the device is Halide's to destroy, with what lives on it.)
+  if (device_ && device_ == staging.device && buffer_) {
+    staging.f.destroy_buffer(staging.device, reinterpret_cast<VkBuffer>(buffer_), nullptr);
+    staging.f.free(staging.device, reinterpret_cast<VkDeviceMemory>(memory_), nullptr);
+  }
+  device_ = nullptr;
+  buffer_ = memory_ = 0;
+  mapped_ = nullptr;
+  size_ = 0;
+}
+
+bool VulkanMappedBuffer::holds(const void* p, int64_t bytes) const {
+  const auto* c = static_cast<const char*>(p);
+  const auto* m = static_cast<const char*>(mapped_);
+  return mapped_ && bytes >= 0 && c >= m && c + bytes <= m + size_;
+}
+
+void* VulkanMappedBuffer::reserve(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (mapped_ && bytes <= size_ && device_ == staging.device) return mapped_;
+  if (!context_fns.acquire || !context_fns.release) return nullptr;
+  halide_vulkan_memory_allocator* allocator = nullptr;
+  VkInstance instance = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t family = 0;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  if (context_fns.acquire(nullptr, &allocator, &instance, &device, &physical, &queue, &family, &messenger, false) != 0) {
+    return nullptr;
+  }
+  release();
+  HostBuffer h;
+  const int64_t size = std::max<int64_t>(bytes, 64);
+  if (init(instance, device, family) && make_host_buffer(physical, static_cast<VkDeviceSize>(size), &h)) {
+    device_ = device;
+    buffer_ = reinterpret_cast<uint64_t>(h.buffer);
+    memory_ = reinterpret_cast<uint64_t>(h.memory);
+    mapped_ = h.mapped;
+    size_ = size;
+    coherent_ = h.coherent;
+  }
+  context_fns.release(nullptr, instance, device, queue, messenger);
+  return mapped_;
 }
 
 }  // namespace kvouter::halide

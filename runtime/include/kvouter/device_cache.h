@@ -92,6 +92,7 @@ class UploadBatch {
     DeviceArray* array;
     const void* data;
     int64_t count;
+    const VulkanMappedBuffer* from;  // data lies in it (copied from there, no host copy)
   };
   std::vector<Pending> pending_;
   std::vector<VulkanWrite> writes_;  // pending_'s, for vulkan_write_device (reused)
@@ -113,12 +114,17 @@ class DeviceArray {
   halide_buffer_t* view(const std::vector<int64_t>& shape);
   // view(shape), with `count` elements from `data` copied to the device (the rest zero): at once,
   // or, given a batch, at the batch's flush().
+  // With `from` (Vulkan), data lies in that mapping, zeros after its `count` elements up to the
+  // view's padded size: a batch's copy reads it there.
   halide_buffer_t* upload(const void* data, int64_t count, const std::vector<int64_t>& shape,
-                          UploadBatch* batch = nullptr);
+                          UploadBatch* batch = nullptr, const VulkanMappedBuffer* from = nullptr);
   // Copies the view's elements (without padding rows) back into `dst`: through the host staging,
   // or with `direct` by the device's copy straight into `dst` (page-locked memory, as the step
   // runner's read_outputs() reads into, takes the DMA at full rate).
   void download(void* dst, bool direct = false);
+  // The view's elements (without padding rows) as one read of a batched Vulkan read-back.
+  VulkanRead read_of(void* dst) const { return {&alloc_, elements_ * type_.bytes(), dst}; }
+  int64_t view_bytes() const;  // the view's bytes with padding rows, rounded to 64
   // The host staging (nullptr without one): page-locked on CUDA; valid until the allocation grows.
   void* host_data() { return staging_ ? host_.data() : nullptr; }
   // Whether a view of `shape` fits the allocation as it is (view() would not grow it).
@@ -128,6 +134,7 @@ class DeviceArray {
   // Vulkan read-backs and batched uploads through our own staging (vulkan_read_device,
   // vulkan_write_device; on by default); off: Halide's copy_to_host and copy_to_device.
   static void set_fast_transfers(bool on);
+  static bool fast_transfers() { return fast_transfers_; }
 
  private:
   friend class UploadBatch;
@@ -297,11 +304,12 @@ class DeviceStepRunner {
   void launch();
   // Reads the last step's outputs into `out` ([Tq, Hq, D] and [Tq, Hq], SPEC's -inf for empty rows).
   void read_outputs(const OutputsView& out);
-  // The same into the runner's own host arrays (page-locked on CUDA: the device copies straight
-  // into them, with no host copy), returned as views: valid until the next read_outputs().
+  // The same into the runner's own host arrays (page-locked on CUDA, mapped host-cached memory of
+  // the runner's on Vulkan: the device copies straight into them, with no host copy), returned as
+  // views: valid until the next read_outputs().
   OutputsView read_outputs();
   // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
-  // page-locked on CUDA). A step whose StepInputs::q views this memory, with that shape, uploads
+  // page-locked on CUDA; on Vulkan mapped memory that the device copies from). A step whose StepInputs::q views this memory, with that shape, uploads
   // it as it lies: an engine that writes q here has no host copy in its step. Valid until the
   // next call of q_staging (a larger shape may move it).
   void* q_staging(int64_t Tq, int64_t Hq);
@@ -350,6 +358,11 @@ class DeviceStepRunner {
   void read_into(const OutputsView& out, bool direct);
   // read_outputs()'s host arrays, out then lse (page-locked on CUDA), grown as needed.
   std::unique_ptr<PinnedHost> host_out_;
+  // On Vulkan: q_staging() and read_outputs() in mapped memory of our own, which the device copies
+  // from and into (no host copy); q_dirty_ bytes of q's may hold an engine's writes.
+  std::unique_ptr<VulkanMappedBuffer> q_mapped_, out_mapped_;
+  int64_t q_dirty_ = 0;
+  std::vector<VulkanRead> reads_;
 };
 
 }  // namespace kvouter::halide

@@ -35,12 +35,51 @@ bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst);
 // gets src_bytes from src, then zeros up to `bytes` (a whole allocation of Halide's Vulkan runtime,
 // never a crop). After every use of the queue queued before it, and before any after it. False
 // when it cannot (as vulkan_read_device): the caller then uses halide_copy_to_device.
+class VulkanMappedBuffer;
 struct VulkanWrite {
   const halide_buffer_t* dst = nullptr;
   const void* src = nullptr;
   int64_t src_bytes = 0;
   int64_t bytes = 0;
+  // src lies in this buffer's mapping: copied from there by the device, with no host copy.
+  const VulkanMappedBuffer* from = nullptr;
 };
 bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
+
+// Device-to-host reads, several in one submission, straight into `into`'s mapping (each dst a
+// pointer into it; no host copy). False when it cannot: the caller then reads each otherwise.
+struct VulkanRead {
+  const halide_buffer_t* src = nullptr;  // a whole allocation of Halide's Vulkan runtime
+  int64_t bytes = 0;
+  void* dst = nullptr;
+};
+bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into);
+
+// Host-cached memory of our own, mapped for its life, on Halide's Vulkan device: an engine writes
+// its q there and reads its outputs there, and the device copies to and from it directly.
+class VulkanMappedBuffer {
+ public:
+  VulkanMappedBuffer() = default;
+  ~VulkanMappedBuffer();
+  VulkanMappedBuffer(const VulkanMappedBuffer&) = delete;
+  VulkanMappedBuffer& operator=(const VulkanMappedBuffer&) = delete;
+  // At least `bytes` (its contents lost when it grows); nullptr where there is no Vulkan context or
+  // no host-cached memory (the caller then stages through memory of its own).
+  void* reserve(int64_t bytes);
+  void* data() const { return mapped_; }
+  int64_t size() const { return size_; }  // changes only when the mapping is made anew
+  // Whether [p, p + bytes) lies in the mapping.
+  bool holds(const void* p, int64_t bytes) const;
+
+ private:
+  friend bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
+  friend bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into);
+  void release();
+  VkDevice_T* device_ = nullptr;
+  uint64_t buffer_ = 0, memory_ = 0;  // VkBuffer, VkDeviceMemory
+  void* mapped_ = nullptr;
+  int64_t size_ = 0;
+  bool coherent_ = false;
+};
 
 }  // namespace kvouter::halide
