@@ -774,7 +774,8 @@ TEST(Planner, PlanOnDeviceLeavesOtherStepsToTheHost) {
   PlanOptions o = decode_layout_options();
   const Problem p = validate(in);
   o.max_batch_partial_floats = p.Hkv * p.topk * std::max(p.qhead * (p.D + layout::kPartialExtra), p.block_size * p.D) * 2;
-  const Plan& batched = Planner(o).plan_on_device(in);
+  Planner batching(o);
+  const Plan& batched = batching.plan_on_device(in);
   EXPECT_FALSE(batched.tiles_on_device);
   EXPECT_TRUE(batched.decode_layout);
   EXPECT_GT(batched.tiles.batches(), 1);
