@@ -222,13 +222,8 @@ VkBuffer vk_buffer_of(const halide_buffer_t* buf) {
   return *static_cast<const VkBuffer*>(region[0]);
 }
 
-// With Halide's context held and the staging at least `bytes`: before(mapped) fills the staging,
-// record(commands) records the copies, after(mapped) reads it; one submission, waited for.
-// mapped: a buffer of our own that the copies also read (flushed first) or write (invalidated
-// after), where it is not coherent.
-template <class Before, class Record, class After>
-bool with_staging(int64_t bytes, Before before, Record record, After after, VkDeviceMemory mapped_memory = VK_NULL_HANDLE,
-                  bool mapped_coherent = true) {
+// Halide's Vulkan context, held for this object's life (ok false where it could not be taken).
+struct HeldContext {
   halide_vulkan_memory_allocator* allocator = nullptr;
   VkInstance instance = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
@@ -236,10 +231,30 @@ bool with_staging(int64_t bytes, Before before, Record record, After after, VkDe
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t family = 0;
   VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
-  if (context_fns.acquire(nullptr, &allocator, &instance, &device, &physical, &queue, &family, &messenger, false) != 0) {
-    return false;
+  bool ok = false;
+  HeldContext() {
+    ok = context_fns.acquire && context_fns.release &&
+         context_fns.acquire(nullptr, &allocator, &instance, &device, &physical, &queue, &family, &messenger, false) == 0;
   }
-  bool ok = init(instance, device, family) && reserve(physical, static_cast<VkDeviceSize>(bytes));
+  ~HeldContext() {
+    if (ok) context_fns.release(nullptr, instance, device, queue, messenger);
+  }
+  HeldContext(const HeldContext&) = delete;
+  HeldContext& operator=(const HeldContext&) = delete;
+};
+
+// With Halide's context held and the staging at least `bytes`: before(mapped) fills the staging,
+// record(commands) records the copies, after(mapped) reads it; one submission, waited for.
+// mapped: a buffer of our own that the copies also read (flushed first) or write (invalidated
+// after), where it is not coherent.
+template <class Before, class Record, class After>
+bool with_staging(int64_t bytes, Before before, Record record, After after, VkDeviceMemory mapped_memory = VK_NULL_HANDLE,
+                  bool mapped_coherent = true) {
+  HeldContext held;
+  if (!held.ok) return false;
+  const VkDevice device = held.device;
+  const VkQueue queue = held.queue;
+  bool ok = init(held.instance, device, held.family) && reserve(held.physical, static_cast<VkDeviceSize>(bytes));
   if (ok) {
     const Fns& f = staging.f;
     before(staging.mapped);
@@ -275,7 +290,6 @@ bool with_staging(int64_t bytes, Before before, Record record, After after, VkDe
     }
     if (ok) after(staging.mapped);
   }
-  context_fns.release(nullptr, instance, device, queue, messenger);
   return ok;
 }
 
@@ -426,29 +440,19 @@ bool VulkanMappedBuffer::holds(const void* p, int64_t bytes) const {
 void* VulkanMappedBuffer::reserve(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu);
   if (mapped_ && bytes <= size_ && device_ == staging.device) return mapped_;
-  if (!context_fns.acquire || !context_fns.release) return nullptr;
-  halide_vulkan_memory_allocator* allocator = nullptr;
-  VkInstance instance = VK_NULL_HANDLE;
-  VkDevice device = VK_NULL_HANDLE;
-  VkPhysicalDevice physical = VK_NULL_HANDLE;
-  VkQueue queue = VK_NULL_HANDLE;
-  uint32_t family = 0;
-  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
-  if (context_fns.acquire(nullptr, &allocator, &instance, &device, &physical, &queue, &family, &messenger, false) != 0) {
-    return nullptr;
-  }
+  HeldContext held;
+  if (!held.ok) return nullptr;
   release();
   HostBuffer h;
   const int64_t size = std::max<int64_t>(bytes, 64);
-  if (init(instance, device, family) && make_host_buffer(physical, static_cast<VkDeviceSize>(size), &h)) {
-    device_ = device;
+  if (init(held.instance, held.device, held.family) && make_host_buffer(held.physical, static_cast<VkDeviceSize>(size), &h)) {
+    device_ = held.device;
     buffer_ = reinterpret_cast<uint64_t>(h.buffer);
     memory_ = reinterpret_cast<uint64_t>(h.memory);
     mapped_ = h.mapped;
     size_ = size;
     coherent_ = h.coherent;
   }
-  context_fns.release(nullptr, instance, device, queue, messenger);
   return mapped_;
 }
 
