@@ -752,29 +752,20 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // A decode step's tiles are built on the device where its tables are (one segment: the
   // device plan addresses one pool).
   const bool on_device = s.resident_tables && decode_plan_on_device_ && cache_.segments() == 1 && cache_.kit().decode_plan;
-  step_in_ = &in;
   if (on_device && is_cuda_target(cache_.target())) {
     // In stream order: the selection's upload and the decode plan ahead of q's DMA, so that q's
     // copy is the only wait before the forward (beside it, the plan would wait for q's copy).
-    const Plan* plan = nullptr;
-    try {
-      plan = &planner_.plan_on_device(in);
-      const Kernels& kernels = pick_(*plan);
-      prepare_with(*plan, kernels, s.q, true);
-      const double arrays_ms = timing_.upload_ms;
-      auto tq = clock_type::now();
-      upload_q(s.q, true);
-      check(dev_sync(q_->buffer()), "uploads (sync)");
-      timing_.q_upload_ms = ms_since(tq);
-      const double wall = ms_since(t);
-      timing_.plan_ms = std::min(plan->plan_ms + timing_.device_plan_ms, wall);
-      timing_.upload_ms = wall - timing_.plan_ms;
-      timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
-    } catch (...) {
-      step_in_ = nullptr;
-      throw;
-    }
-    step_in_ = nullptr;
+    const Plan& plan = planner_.plan_on_device(in);
+    prepare_with(plan, pick_(plan), s.q, true, &in);
+    const double arrays_ms = timing_.upload_ms;
+    auto tq = clock_type::now();
+    upload_q(s.q, true);
+    check(dev_sync(q_->buffer()), "uploads (sync)");
+    timing_.q_upload_ms = ms_since(tq);
+    const double wall = ms_since(t);
+    timing_.plan_ms = std::min(plan.plan_ms + timing_.device_plan_ms, wall);
+    timing_.upload_ms = wall - timing_.plan_ms;
+    timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
     launch();
     return;
   }
@@ -795,7 +786,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
         c.plan = c.on_device ? &pl.plan_on_device(*c.in) : c.check_block_tables ? &pl.plan(*c.in) : &pl.plan_checked_tables(*c.in);
         c.kernels = &c.self->pick_(*c.plan);  // before the timing: a refused variant is a planning error
         if (c.upload_q) {
-          c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true);
+          c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true, c.in);
           c.arrays_ms = c.self->timing_.upload_ms;
         }
       } else if (c.upload_q) {
@@ -810,10 +801,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   };
   const int err = tasks.upload_q ? detail::par_for(task, 2, &tasks) : task(nullptr, 0, reinterpret_cast<uint8_t*>(&tasks));
   for (const std::exception_ptr& e : tasks.error) {
-    if (e) {
-      step_in_ = nullptr;
-      std::rethrow_exception(e);  // the plan's error first
-    }
+    if (e) std::rethrow_exception(e);  // the plan's error first
   }
   if (err != 0) throw std::runtime_error("device step: Halide's thread pool failed with " + std::to_string(err));
   if (tasks.upload_q) {
@@ -827,11 +815,10 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
     const double plan_ms = ms_since(t);
-    prepare_with(*tasks.plan, *tasks.kernels, s.q, false);
+    prepare_with(*tasks.plan, *tasks.kernels, s.q, false, &in);
     timing_.plan_ms = plan_ms + timing_.device_plan_ms;
     timing_.upload_ms -= timing_.device_plan_ms;
   }
-  step_in_ = nullptr;
   launch();
 }
 
@@ -862,7 +849,8 @@ void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) {
   prepare_with(plan, pick_(plan), q, false);
 }
 
-void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded) {
+void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded,
+                                    const InputsView* in) {
   timing_ = StepTiming{};
   auto t = clock_type::now();
   if (kernels.device != cache_.device()) {
@@ -914,7 +902,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
           st.decode_of = plan.decode_layout ? key : std::array<int64_t, 4>{-1, -1, -1, -1};
         }
         if (plan.tiles_on_device) {
-          build_tiles_on_device(plan, bt, st);
+          build_tiles_on_device(plan, in, bt, st);
         } else {
           st.pages.upload(ts.tile_pages.data() + tb * ppb, st.n * ppb, {st.n, ppb}, &uploads_);
           st.limit.upload(ts.tile_limit.data() + tb * T, st.n * T, {st.n, T}, &uploads_);
@@ -953,15 +941,15 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   timing_.upload_ms = ms_since(t);
 }
 
-void DeviceStepRunner::build_tiles_on_device(const Plan& plan, Batch& bt, SegmentTiles& st) {
-  if (step_in_ == nullptr) throw BackendError("device step: a plan whose tiles the device builds, outside step()");
+void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView* in, Batch& bt, SegmentTiles& st) {
+  if (in == nullptr) throw BackendError("device step: a plan whose tiles the device builds, outside step()");
   const Problem& p = plan.problem;
   const int64_t n = st.n, count = n + p.Tq;
   // The selection, then each query's L_b: one upload, in the step's submission.
   if (!step_ints_) step_ints_ = std::make_unique<DeviceArray>(halide_type_of<int32_t>(), cache_.array_spec());
   step_ints_->view({count});
   auto* h = static_cast<int32_t*>(step_ints_->host_data());
-  std::memcpy(h, step_in_->selected.data, static_cast<size_t>(n) * sizeof(int32_t));
+  std::memcpy(h, in->selected.data, static_cast<size_t>(n) * sizeof(int32_t));
   for (int64_t t = 0; t < p.Tq; ++t) h[n + t] = static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]);
   halide_buffer_t* ints = step_ints_->upload(h, count, {count}, &uploads_);
   uploads_.flush();

@@ -323,7 +323,9 @@ class DeviceStepRunner {
  private:
   struct Batch;
   void init(PlanOptions options);
-  void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q, bool q_uploaded);
+  // in: the step's inputs, for a plan whose tiles the device builds (their selection and lengths).
+  void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q, bool q_uploaded,
+                    const InputsView* in = nullptr);
   // q's checks against the staging, then its upload: now, or in the step's batched submission.
   void upload_q(const StorageView& q, bool now);
   void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
@@ -350,11 +352,9 @@ class DeviceStepRunner {
   bool decode_plan_on_device_ = false;
   std::unique_ptr<DeviceArray> tables_, entry_values_, entry_seqs_, entry_cols_;
   std::vector<std::pair<int64_t, int64_t>> entry_keys_;
-  // A plan built on the device: the step's selection and lengths (one upload), and the inputs
-  // they come from (set by step() for prepare_with()).
+  // A plan built on the device: the step's selection and lengths (one upload).
   std::unique_ptr<DeviceArray> step_ints_;
-  const InputsView* step_in_ = nullptr;
-  void build_tiles_on_device(const Plan& plan, Batch& bt, SegmentTiles& st);
+  void build_tiles_on_device(const Plan& plan, const InputsView* in, Batch& bt, SegmentTiles& st);
   void read_into(const OutputsView& out, bool direct);
   // read_outputs()'s host arrays, out then lse (page-locked on CUDA), grown as needed.
   std::unique_ptr<PinnedHost> host_out_;
