@@ -3,7 +3,7 @@
 // It links no compiler (libHalide) at all: built here, carried to the GPU machine with its Vulkan
 // loader (experiments/results/gpu/README.md), it needs only libc there.
 //
-//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,vulkan_tiled,...]
+//   kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_slices,vulkan_onepass,...]
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
@@ -92,7 +92,7 @@ json errors_json(const Outputs& got, const Outputs& ref) {
 }
 
 int run(int argc, char** argv) {
-  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_onepass", "vulkan_tiled", "vulkan_fused", "vulkan_rows"};
+  std::vector<std::string> shapes = {"gpu-decode", "gpu-prefill"}, schedules = {"vulkan_slices", "vulkan_onepass", "vulkan_tiled", "vulkan_fused", "vulkan_rows"};
   std::vector<std::string> targets = {"host-vulkan"}, dtypes = {"float32"};
   int reps = 5;
   double warmup_ms = 2000;
@@ -111,7 +111,7 @@ int run(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_onepass,...]\n"
+          "usage: kvouter_gpu_bench [--shapes gpu-decode,gpu-prefill] [--schedules vulkan_slices,...]\n"
           "                         [--targets host-vulkan,host-cuda] [--dtypes float32,bfloat16,float16]\n"
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"

@@ -144,11 +144,10 @@ const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
 // The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the
 // SPIR-V stage on; per shape class the tuning database's entries take precedence):
-// - a GPU through Vulkan: vulkan_onepass. Measured on the NVIDIA H200 only: gpu-decode 2.32 ms
-//   against vulkan_tiled's 2.77 (experiments/results/gpu/2026-12-01/gpu_bench_variants_robust_on.json);
-//   on gpu-prefill vulkan_tiled is 3.6 % faster (311 against 322 ms, gpu_bench_stage_on.json there),
-//   which the database's H200 entry for that shape class picks.
-// - CUDA (H200): vulkan_onepass, 0.87 ms against 1.41 on gpu-decode (gpu_bench_stage_on.json).
+// - a GPU through Vulkan or CUDA: vulkan_slices. Measured on the NVIDIA H200 only, 2026-12-03,
+//   against vulkan_onepass in the same run (experiments/results/gpu/2026-12-03/gpu_bench_decode.json):
+//   CUDA gpu-decode 0.71 against 0.84 ms, gpu-prefill 147 against 173 ms; Vulkan gpu-decode 2.05
+//   against 2.41 ms, gpu-prefill 270 against 336 ms.
 // - a CPU Vulkan device (lavapipe in CI): vulkan_tiled, about 30x faster there than vulkan_fused
 //   (docs/vulkan.md).
 namespace {
@@ -162,7 +161,7 @@ bool vulkan_gpu_present() {
 }  // namespace
 
 const char* default_gpu_schedule(const std::string& target) {
-  return is_cuda_target(target) || vulkan_gpu_present() ? "vulkan_onepass" : "vulkan_tiled";
+  return is_cuda_target(target) || vulkan_gpu_present() ? "vulkan_slices" : "vulkan_tiled";
 }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU

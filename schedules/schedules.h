@@ -56,5 +56,11 @@ int vulkan_onepass_slice(int D, int block, int slice = 0);
 // query rows, the state, the K and V chunk; vulkan_fused.cpp); the tuner prunes with it.
 int64_t vulkan_fused_shared_bytes(int rows, int D, int chunk);
 int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice = 0);
+// vulkan_slices (vulkan_onepass.cpp): channels per staged slice of K (the knob, or half of
+// vulkan_onepass's automatic slice), positions per staged slice of V (no more floats than the K
+// slice, a divisor of the block), and the shared memory of one workgroup as Halide 21 allocates it.
+int vulkan_slices_key_slice(int D, int block, int slice = 0);
+int vulkan_slices_value_slice(int D, int block, int key_slice);
+int64_t vulkan_slices_shared_bytes(int rows, int unroll, int D, int block, int slice = 0);
 
 }  // namespace kvouter::pipeline

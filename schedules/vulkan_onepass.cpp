@@ -74,6 +74,23 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
   vectorize_accumulator(acc, x, RX, V);
 }
 
+// A slice of K or V (stage(d, p, c, tile), staged in shared memory) loaded by every thread of the
+// NX x NY workgroup: (d, p) fused with d innermost (coalesced), each thread's share an unrolled
+// loop inside the thread, so that all its loads are issued before its first store. (Loaded 4
+// channels per thread instead, as one vector, vulkan_slices's gpu-decode forward took 0.74 ms on
+// CUDA against 0.66: Halide's PTX loads such a vector as 4 words, so each warp load touches 4x
+// the sectors; experiments/results/gpu/2026-12-03/gpu_bench_decode_vecstage.json.)
+void stage_slice(Func stage, Var d, Var p, Var c, Var tile, int NX, int NY, const std::string& tag) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  Var dp(tag + "dp"), fo(tag + "fo"), fi(tag + "fi"), foo(tag + "foo"), foi(tag + "foi");
+  stage.fuse(d, p, dp)
+      .split(dp, fo, fi, NX, guard)
+      .split(fo, foo, foi, NY, guard)
+      .reorder(foo, fi, foi, c, tile)
+      .gpu_threads(fi, foi)
+      .unroll(foo);
+}
+
 }  // namespace
 
 int vulkan_onepass_slice(int D, int block, int slice) {
@@ -97,9 +114,30 @@ int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice) {
   return 4 * (int64_t(rows) * (2 * D + C4 + 1) + C4 * DK + (DK < rows ? 4 * int64_t(rows) : 0));
 }
 
-void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
+// Per workgroup, in floats, as Halide 21 packs the stages whose lifetimes do not overlap into
+// one array each: {qf, cmax partials, weights}, scores, {K slice, the max}, P.V, {V slice, sum
+// partials}, the sum. Checked against every generated kernel at the automatic slice, the only
+// one the tuner tries (Tuner.DecodeSharedMemoryIsWhatHalideAllocates); with the slice knob set,
+// Halide may pack the small stages differently.
+int64_t vulkan_slices_shared_bytes(int rows, int unroll, int D, int block, int slice) {
+  const int64_t R = rows, C4 = block + 4;
+  const int RX = std::max(1, std::min(unroll, 8)), RY = std::max(1, std::min(RX, rows));
+  const int64_t NX = std::max({32, (block + RX - 1) / RX, (D + RX - 1) / RX, rows}), NY = (rows + RY - 1) / RY;
+  const int64_t NS = std::max<int64_t>(1, std::min<int64_t>(block, NX * NY / R));
+  const int DK = vulkan_slices_key_slice(D, block, slice);
+  const int64_t PK = vulkan_slices_value_slice(D, block, DK);
+  return 4 * (std::max({R * D, NS * R, R * C4}) + R * C4 + std::max(C4 * DK, R) + R * D +
+              std::max(PK * D, NS * R) + R);
+}
+
+namespace {
+
+// vulkan_onepass's forward, and with `slices` set vulkan_slices's (the same kernel with V staged
+// in slices like K, and the row statistics reduced by several threads per row).
+void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool slices) {
+  const char* name = slices ? "vulkan_slices" : "vulkan_onepass";
   if (vulkan_generic_forward(f, k)) return;
-  vulkan_require_static(f, "vulkan_onepass");
+  vulkan_require_static(f, name);
   const int D = f.static_D, C = f.static_C;
   // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A
   // workgroup past the device's limit is the runtime's clear error; the tuner keeps within it.
@@ -128,7 +166,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
   // the statistics' one thread per row.
   const int NX = std::max({TX, (C + RX - 1) / RX, (D + RX - 1) / RX, R});
   if (NX * NY > 1024) {
-    throw CompileError("vulkan_onepass: " + std::to_string(NX) + " x " + std::to_string(NY) +
+    throw CompileError(std::string(name) + ": " + std::to_string(NX) + " x " + std::to_string(NY) +
                        " threads per workgroup (more than 1024): raise unroll or lower rows");
   }
   const TailStrategy guard = TailStrategy::GuardWithIf;
@@ -167,7 +205,7 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
   // K rows are 512 bytes apart): ncu on the H200 (CUDA target) had the kernel at 3.4 ms on
   // gpu-decode with 7 % of DRAM bandwidth.
   {
-    const int DK = vulkan_onepass_slice(D, C, k.slice);
+    const int DK = slices ? vulkan_slices_key_slice(D, C, k.slice) : vulkan_onepass_slice(D, C, k.slice);
     RVar rdo("rdo"), rdi("rdi");
     Var u("u");
     f.s.update().split(f.rd.x, rdo, rdi, DK);
@@ -190,17 +228,12 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
     f.kf.compute_at(f.s, rdo).store_in(MemoryType::GPUShared)
         .reorder_storage(f.p, f.d, f.c, f.tile).bound_storage(f.p, C + 4);
     if (V > 1) {
-      // By every thread of the workgroup, (d, p) fused with d innermost, the loop over the
-      // slice's rest unrolled: all of a thread's loads are issued before its first store (the
-      // Vulkan kernel otherwise waits on each load: every SPIR-V loop is DontUnroll, README
-      // limit 9).
-      Var dp("dp"), fo("kfo"), fi("kfi"), foo("kfoo"), foi("kfoi");
-      f.kf.fuse(f.d, f.p, dp)
-          .split(dp, fo, fi, NX, guard)
-          .split(fo, foo, foi, NY, guard)
-          .reorder(fi, foi, foo, f.c, f.tile)
-          .gpu_threads(fi, foi)
-          .unroll(foo);
+      // By every thread of the workgroup, (d, p) fused with d innermost, each thread's share of
+      // the slice an unrolled loop inside the thread: all of its loads are issued before its
+      // first store (the Vulkan kernel otherwise waits on each load: every SPIR-V loop is
+      // DontUnroll, docs/vulkan.md limit 9). With that loop outside the threads, Halide put a
+      // workgroup barrier between its steps (32 per slice), each step one load deep.
+      stage_slice(f.kf, f.d, f.p, f.c, f.tile, NX, NY, "k");
     } else {
       // vec 1: threads along d (DK of them) by the other stages' thread rows, a serial loop
       // over the positions.
@@ -208,10 +241,27 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
       f.kf.split(f.p, pz, py, NY, guard).reorder(pz, f.d, py, f.c, f.tile).gpu_threads(f.d, py);
     }
   }
+  // The row statistics (max and sum over the block's positions). vulkan_onepass: one thread per
+  // row over all positions. vulkan_slices: NS threads per row, each over every NS-th position
+  // (consecutive threads, consecutive words: no bank conflicts), their NS partial results then
+  // reduced by one thread per row.
+  const int NS = slices ? std::max(1, std::min(C, NX * NY / R)) : 1;  // vulkan_slices_shared_bytes
   for (Func* stat : {&f.cmax, &f.csum}) {
     Func w = stat->in();
     w.compute_at(group).store_in(MemoryType::GPUShared).gpu_threads(f.row);
     stat->compute_at(w, f.row).store_in(MemoryType::Register);
+    if (NS > 1) {
+      RVar so("so"), si("si");
+      Var us("us");
+      stat->update().split(f.rp.x, so, si, NS, guard);
+      Func part = stat->update().rfactor(si, us);
+      // (us, row) as one index over the workgroup's NX x NY threads.
+      Var ur("ur"), ux("ux"), uy("uy");
+      part.compute_at(group).store_in(MemoryType::GPUShared).reorder_storage(us, f.row)
+          .fuse(us, f.row, ur).split(ur, uy, ux, NX, guard).reorder(ux, uy, f.c, f.tile).gpu_threads(ux, uy);
+      part.update().fuse(us, f.row, ur).split(ur, uy, ux, NX, guard).reorder(ux, uy, f.c, f.tile, so)
+          .gpu_threads(ux, uy);
+    }
   }
   // Softmax weights: all the threads of the other stages (TX x NY), consecutive (position, row)
   // entries per thread index. (As one thread dimension of TX x NY, it made every workgroup 4x
@@ -229,9 +279,59 @@ void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& targe
         .reorder(fi, foi, foo, f.c, f.tile)
         .gpu_threads(fi, foi);
   }
-  // P.V, then read by the output threads.
-  Func cw = f.cpv.in();
-  block_gemm(cw, f.cpv, f.d, f.row, f.c, f.tile, group, RX, RY, f.rp.x, C, V);
+  if (!slices) {
+    // P.V, then read by the output threads; V read from its pages by the GEMM's threads.
+    Func cw = f.cpv.in();
+    block_gemm(cw, f.cpv, f.d, f.row, f.c, f.tile, group, RX, RY, f.rp.x, C, V);
+    return;
+  }
+  // vulkan_slices: P.V over the block's positions in slices of PK, as the scores over D: each
+  // slice of V staged in shared memory by every thread at once (its loads all in flight
+  // together, rather than four positions' loads per step of the GEMM's loop), each thread's
+  // register tile summed over the slice (rfactor), one read-modify-write per slice.
+  {
+    const int PK = vulkan_slices_value_slice(D, C, vulkan_slices_key_slice(D, C, k.slice));
+    RVar rpo("rpo"), rpi("rpi");
+    Var u("vu");
+    f.cpv.update().split(f.rp.x, rpo, rpi, PK);
+    Func part = f.cpv.update().rfactor(rpo, u);
+    Var xo("vxo"), xi("vxi"), ro("vro"), ri("vri"), uxo("vuxo"), uxi("vuxi"), uro("vuro"), uri("vuri");
+    f.cpv.compute_at(group).store_in(MemoryType::GPUShared)
+        .split(f.d, xo, xi, RX, guard).split(f.row, ro, ri, RY, guard)
+        .reorder(xi, ri, xo, ro, f.c, f.tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
+    f.cpv.update()
+        .split(f.d, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
+        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rpo).gpu_threads(uxo, uro).unroll(uri);
+    unroll_or_vectorize(f.cpv.update(), uxi, RX, V);
+    register_accumulator(part, LoopLevel(f.cpv, uxo), f.d, f.row, rpi, PK, 4);
+    vectorize_accumulator(part, f.d, RX, V);
+    f.vf.compute_at(f.cpv, rpo).store_in(MemoryType::GPUShared);
+    stage_slice(f.vf, f.d, f.p, f.c, f.tile, NX, NY, "v");
+  }
+}
+
+}  // namespace
+
+int vulkan_slices_key_slice(int D, int block, int slice) {
+  // Half of vulkan_onepass's automatic slice: Halide 21 gives the K and V slices separate
+  // shared memory, and two 16 KiB slices would take a workgroup at D 128, block 128, rows 16 past
+  // the 48 KiB that Vulkan on the H200 allows.
+  return vulkan_onepass_slice(D, block, slice > 0 ? slice : std::max(1, vulkan_onepass_slice(D, block) / 2));
+}
+
+int vulkan_slices_value_slice(int D, int block, int key_slice) {
+  // Positions per staged slice of V: no more floats than the K slice, a divisor of the block.
+  int PK = std::max<int>(1, std::min<int64_t>(block, int64_t(block + 4) * key_slice / std::max(1, D)));
+  while (block % PK) --PK;
+  return PK;
+}
+
+void vulkan_onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
+  onepass_forward(f, k, target, false);
+}
+
+void vulkan_slices_forward(ForwardFuncs& f, const Knobs& k, const Target& target) {
+  onepass_forward(f, k, target, true);
 }
 
 namespace {
@@ -240,6 +340,12 @@ int64_t onepass_shared(const KnobValues& k, const TuneShape& s) {
   const auto slice = k.find("slice");
   return vulkan_onepass_shared_bytes(int(k.at("rows")), int(s.D), int(s.block_size),
                                      slice == k.end() ? 0 : int(slice->second));
+}
+
+int64_t slices_shared(const KnobValues& k, const TuneShape& s) {
+  const auto slice = k.find("slice");
+  return vulkan_slices_shared_bytes(int(k.at("rows")), int(k.at("unroll")), int(s.D), int(s.block_size),
+                                    slice == k.end() ? 0 : int(slice->second));
 }
 
 [[maybe_unused]] const bool registered = register_schedule(
@@ -253,6 +359,17 @@ int64_t onepass_shared(const KnobValues& k, const TuneShape& s) {
      [](const KnobValues& k, const TuneShape& s) {
        // Rows past the tile's rows are the same program; the scalar kernel is the default one
        // where the tiles do not cover the block and D.
+       if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
+       return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
+     }});
+
+[[maybe_unused]] const bool registered_slices = register_schedule(
+    {"vulkan_slices", "vulkan", vulkan_slices_forward, vulkan_combine, "",
+     "vulkan_onepass with V staged in shared memory in slices like K (all of a slice's loads in "
+     "flight at once) and the row statistics reduced by several threads per row",
+     true, {{"rows", "8"}},
+     {{}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, slices_shared,
+     [](const KnobValues& k, const TuneShape& s) {
        if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
        return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
      }});

@@ -76,6 +76,36 @@ TEST(Tuner, OnepassSharedMemoryIsWhatHalideAllocates) {
   EXPECT_GE(checked, 6) << "the generated vulkan_onepass kernels in " << KVOUTER_GENERATED_DIR;
 }
 
+// Every generated vulkan_slices kernel at the automatic slice: its launch's shared memory against
+// the estimate keep() prunes with.
+TEST(Tuner, DecodeSharedMemoryIsWhatHalideAllocates) {
+  const std::regex name(
+      R"(kvouter_vulkan_slices_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+)(?:_unroll_(\d+))?(?:_vec_\d+)?(?:_storage_\w+)?_fwd\.stmt)");
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
+    const std::string file = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(file, m, name)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t run = text.find("halide_vulkan_run(");
+    ASSERT_NE(run, std::string::npos) << file;
+    const size_t size = text.find(", 0 + (", run);
+    ASSERT_NE(size, std::string::npos) << file;
+    const long floats = std::stol(text.substr(size + 7));
+    const int D = std::stoi(m[1]), block = std::stoi(m[2]), rows = std::min(std::stoi(m[5]), std::stoi(m[3]) * std::stoi(m[4]));
+    const int unroll = m[6].matched ? std::stoi(m[6]) : 4;  // the GPU default (resolve_knobs)
+    EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(rows, unroll, D, block), 4 * floats) << file;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4) << "the generated vulkan_slices kernels in " << KVOUTER_GENERATED_DIR;
+  // At gpu-decode (D 128, block 128, rows 16) it stays within the H200's 48 KiB.
+  EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(16, 4, 128, 128), 4 * 10448);
+  EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(8, 4, 128, 64), 4 * 4712);  // as generated (fit.py)
+  EXPECT_EQ(pipeline::vulkan_slices_key_slice(128, 128), 16);
+  EXPECT_EQ(pipeline::vulkan_slices_value_slice(128, 128, 16), 16);
+}
+
 TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   const ShapeClass s = prefill_class();
   auto c = [](std::string sched, std::string chunk, std::string rows, std::string unroll) {
@@ -129,7 +159,7 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
     schedules.insert(cand.schedule);
   }
   EXPECT_EQ(schedules, (std::set<std::string>{"vulkan_tiled", "vulkan_rows", "vulkan_fused", "vulkan_onepass",
-                                              "auto_anderson2021", "auto_mullapudi2016_gpu"}));
+                                              "vulkan_slices", "auto_anderson2021", "auto_mullapudi2016_gpu"}));
   EXPECT_TRUE(keys.count("vulkan_tiled,T=0,chunk=0,rows=4,unroll=4"));
   EXPECT_TRUE(keys.count("vulkan_fused,T=16,chunk=8,rows=8,unroll=4"));
   EXPECT_GT(scalar_onepass, 0);

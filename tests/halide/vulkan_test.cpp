@@ -614,27 +614,30 @@ TEST(Vulkan, KnobsChangeTheScheduleNotTheResult) {
   const Inputs d16 = experiments::make_case(narrow);
   check("jit", "vulkan_fused", d16, "D16 chunk=32 rows=2", {{"chunk", "32"}, {"rows", "2"}});
   check("jit", "vulkan_fused", d16, "D16 chunk=48 rows=4", {{"chunk", "48"}, {"rows", "4"}});
-  // vulkan_onepass: row groups not dividing the tile's rows (the last group shifted inwards), and
-  // register tiles of 1 and 8.
-  check("jit", "vulkan_onepass", in, "tiny rows=5 unroll=2", {{"rows", "5"}, {"unroll", "2"}});
-  check("jit", "vulkan_onepass", in, "tiny rows=12 unroll=8", {{"rows", "12"}, {"unroll", "8"}});
-  check("jit", "vulkan_onepass", d16, "D16 rows=3 unroll=1", {{"rows", "3"}, {"unroll", "1"}});
-  // vec: the scalar kernel, 2- and 4-wide tiles (also where the tile does not cover D 12 or the
-  // block: scalar then), and K slices of 4, 8 and 16 channels (one not dividing D 12: lowered).
-  check("jit", "vulkan_onepass", in, "tiny vec=1 unroll=4", {{"vec", "1"}, {"unroll", "4"}});
-  check("jit", "vulkan_onepass", in, "tiny vec=2 unroll=4 slice=8", {{"vec", "2"}, {"unroll", "4"}, {"slice", "8"}});
-  check("jit", "vulkan_onepass", in, "tiny vec=4 unroll=8 slice=16",
-        {{"vec", "4"}, {"unroll", "8"}, {"slice", "16"}});
-  check("jit", "vulkan_onepass", d16, "D16 rows=5 vec=4 unroll=4 slice=4",
-        {{"rows", "5"}, {"vec", "4"}, {"unroll", "4"}, {"slice", "4"}});
-  {
-    experiments::CaseSpec odd = narrow;  // D 12, block 24: tiles of 8 cover neither
-    odd.D = 12;
-    odd.block_size = 24;
-    odd.page_size = 8;
-    const Inputs d12 = experiments::make_case(odd);
-    check("jit", "vulkan_onepass", d12, "D12 vec=4 unroll=8 slice=5", {{"vec", "4"}, {"unroll", "8"}, {"slice", "5"}});
-    check("jit", "vulkan_onepass", d12, "D12 vec=4 unroll=4", {{"vec", "4"}, {"unroll", "4"}});
+  // vulkan_onepass and vulkan_slices (the same kernel with V staged in slices and the statistics
+  // reduced by several threads per row): row groups not dividing the tile's rows (the last group
+  // shifted inwards), and register tiles of 1 and 8.
+  for (const char* sched : {"vulkan_onepass", "vulkan_slices"}) {
+    check("jit", sched, in, std::string(sched) + " tiny rows=5 unroll=2", {{"rows", "5"}, {"unroll", "2"}});
+    check("jit", sched, in, std::string(sched) + " tiny rows=12 unroll=8", {{"rows", "12"}, {"unroll", "8"}});
+    check("jit", sched, d16, std::string(sched) + " D16 rows=3 unroll=1", {{"rows", "3"}, {"unroll", "1"}});
+    // vec: the scalar kernel, 2- and 4-wide tiles (also where the tile does not cover D 12 or the
+    // block: scalar then), and K slices of 4, 8 and 16 channels (one not dividing D 12: lowered).
+    check("jit", sched, in, std::string(sched) + " tiny vec=1 unroll=4", {{"vec", "1"}, {"unroll", "4"}});
+    check("jit", sched, in, std::string(sched) + " tiny vec=2 unroll=4 slice=8", {{"vec", "2"}, {"unroll", "4"}, {"slice", "8"}});
+    check("jit", sched, in, std::string(sched) + " tiny vec=4 unroll=8 slice=16",
+          {{"vec", "4"}, {"unroll", "8"}, {"slice", "16"}});
+    check("jit", sched, d16, std::string(sched) + " D16 rows=5 vec=4 unroll=4 slice=4",
+          {{"rows", "5"}, {"vec", "4"}, {"unroll", "4"}, {"slice", "4"}});
+    {
+      experiments::CaseSpec odd = narrow;  // D 12, block 24: tiles of 8 cover neither
+      odd.D = 12;
+      odd.block_size = 24;
+      odd.page_size = 8;
+      const Inputs d12 = experiments::make_case(odd);
+      check("jit", sched, d12, std::string(sched) + " D12 vec=4 unroll=8 slice=5", {{"vec", "4"}, {"unroll", "8"}, {"slice", "5"}});
+      check("jit", sched, d12, std::string(sched) + " D12 vec=4 unroll=4", {{"vec", "4"}, {"unroll", "4"}});
+    }
   }
   // A workgroup past 1024 threads is a compile error, not a lost device (measured on the H200:
   // VK_ERROR_DEVICE_LOST): D 128 with unroll 1 is 128 threads per row of 16.
