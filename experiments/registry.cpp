@@ -144,10 +144,10 @@ const char* default_backend() { return "jit"; }
 const char* default_cpu_schedule() { return "cpu_tiled"; }
 // The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the
 // SPIR-V stage on; per shape class the tuning database's entries take precedence):
-// - a GPU through Vulkan or CUDA: vulkan_slices. Measured on the NVIDIA H200 only, 2026-12-03,
-//   against vulkan_onepass in the same run (experiments/results/gpu/2026-12-03/gpu_bench_decode.json):
-//   CUDA gpu-decode 0.71 against 0.84 ms, gpu-prefill 147 against 173 ms; Vulkan gpu-decode 2.05
-//   against 2.41 ms, gpu-prefill 270 against 336 ms.
+// - a GPU through Vulkan or CUDA: vulkan_slices. Measured on the NVIDIA H200 only, 2026-12-03, in
+//   one run against vulkan_onepass and vulkan_tiled (experiments/results/gpu/2026-12-03/gpu_bench_slices.json):
+//   CUDA gpu-decode 0.71 ms (onepass 0.83, tiled 1.38), gpu-prefill 147 ms (173, 266); Vulkan
+//   gpu-decode 1.78 ms (2.18, 2.99), gpu-prefill 268 ms (336, 329).
 // - a CPU Vulkan device (lavapipe in CI): vulkan_tiled, about 30x faster there than vulkan_fused
 //   (docs/vulkan.md).
 namespace {

@@ -18,14 +18,29 @@
 // The block must be one chunk (the registry's default chunk=0, the whole block).
 // Knobs: rows (rows per workgroup), unroll (register tile edge), vec (the tile's vector width),
 // slice (K channels staged per step).
-// Measured 2026-12-01 (H200, AOT, warm clocks, kernel medians of 5,
-// experiments/results/gpu/2026-12-01/gpu_bench_stage_on.json): on host-vulkan with the SPIR-V
-// stage (docs/spirv_stage.md; rows 16, unroll 2, 2-wide) gpu-decode 2.30 ms = 9.7 % of HBM
-// bandwidth (5.20 ms without the stage; target 60 %: not met), gpu-prefill 322 ms = 9.6 % of FP32
-// peak (910 ms without); on host-cuda (rows 16, unroll 4, 4-wide) 0.87 ms = 25.7 % of HBM and
-// 182 ms = 16.9 % of FP32 peak, the fastest kvouter kernels there. With the stage the NVIDIA
-// Vulkan driver gives it 64-84 registers per thread (ptxas: 56 for the CUDA twin); the unroll-4
-// tile is still 10 % slower on Vulkan decode (gpu_bench_variants_robust_on.json there).
+// Measured 2026-12-03 (H200, AOT, warm clocks, kernel medians of 5,
+// experiments/results/gpu/2026-12-03/gpu_bench_slices.json): on host-cuda (rows 16, unroll 4,
+// 4-wide) gpu-decode 0.83 ms = 26.8 % of HBM bandwidth, gpu-prefill 173 ms = 17.8 % of FP32 peak;
+// on host-vulkan with the SPIR-V stage (docs/spirv_stage.md; rows 16, unroll 2, 2-wide; unroll 4
+// for prefill) 2.18 ms = 10.2 % of HBM and 336 ms. vulkan_slices below is faster on both.
+// The NVIDIA Vulkan driver gives it 64-84 registers per thread (ptxas: 56 for the CUDA twin;
+// experiments/results/gpu/vk_pipeline_stats.txt).
+//
+// vulkan_slices: the same kernel, with what held it on the H200 changed (ncu on CUDA: 30 % of
+// warps active, the phases of a workgroup one after another):
+//   - V staged in shared memory in slices of positions, as K is in slices of channels: every
+//     thread issues its share of a slice's loads at once, where vulkan_onepass's P.V waited on
+//     four positions' loads at a time;
+//   - the row statistics (max and sum over the block) by several threads per row, their partial
+//     results then reduced per row, where vulkan_onepass has one thread per row over the block;
+//   - K slices of half vulkan_onepass's automatic width, so that both slices fit the 48 KiB of a
+//     Vulkan workgroup on the H200 (vulkan_slices_shared_bytes).
+// Measured 2026-12-03 (H200, AOT, warm clocks, kernel medians of 5, one run with vulkan_onepass and
+// vulkan_tiled: experiments/results/gpu/2026-12-03/gpu_bench_slices.json): CUDA (rows 16, unroll 4)
+// gpu-decode 0.71 ms = 31.5 % of HBM (bfloat16 0.68 ms), gpu-prefill 147 ms = 20.9 % of FP32
+// peak; Vulkan (rows 16, unroll 2 for decode, 4 for prefill) 1.78 ms = 12.5 % of HBM and 268 ms.
+// ncu (ncu_decode_slices_float32.txt there): issue slots 66 % busy, the integer pipe the busiest;
+// 418 M instructions for 134 M FMAs. The default GPU schedule (experiments/registry.cpp).
 #include <algorithm>
 
 #include "schedules.h"
@@ -79,7 +94,7 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
 // loop inside the thread, so that all its loads are issued before its first store. (Loaded 4
 // channels per thread instead, as one vector, vulkan_slices's gpu-decode forward took 0.74 ms on
 // CUDA against 0.66: Halide's PTX loads such a vector as 4 words, so each warp load touches 4x
-// the sectors; experiments/results/gpu/2026-12-03/gpu_bench_decode_vecstage.json.)
+// the sectors; experiments/results/gpu/superseded/2026-12-03/gpu_bench_decode_vecstage.json.)
 void stage_slice(Func stage, Var d, Var p, Var c, Var tile, int NX, int NY, const std::string& tag) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   Var dp(tag + "dp"), fo(tag + "fo"), fi(tag + "fi"), foo(tag + "foo"), foi(tag + "foi");
