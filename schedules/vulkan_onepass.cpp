@@ -363,31 +363,26 @@ int64_t slices_shared(const KnobValues& k, const TuneShape& s) {
                                     slice == k.end() ? 0 : int(slice->second));
 }
 
+// Both schedules' tuning axes and rule. vec: the per-target default against the scalar kernel
+// (on the H200 each won somewhere: docs/vulkan.md). Rows past the tile's rows are the same
+// program; the scalar kernel is the default one where the tiles do not cover the block and D.
+const ScheduleInfo::Axes kOnepassAxes = {{}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}};
+bool onepass_keep(const KnobValues& k, const TuneShape& s) {
+  if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
+  return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
+}
+
 [[maybe_unused]] const bool registered = register_schedule(
     {"vulkan_onepass", "vulkan", vulkan_onepass_forward, vulkan_combine, "",
      "one kernel per (row group, tile), the block as one chunk: K/V read from their pages once "
      "per workgroup, register-tiled scores and P.V, every intermediate in shared memory",
-     true, {{"rows", "8"}},
-     // vec: its per-target default against the scalar kernel (on the H200 each won somewhere:
-     // docs/vulkan.md)
-     {{}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, onepass_shared,
-     [](const KnobValues& k, const TuneShape& s) {
-       // Rows past the tile's rows are the same program; the scalar kernel is the default one
-       // where the tiles do not cover the block and D.
-       if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
-       return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
-     }});
+     true, {{"rows", "8"}}, kOnepassAxes, onepass_shared, onepass_keep});
 
 [[maybe_unused]] const bool registered_slices = register_schedule(
     {"vulkan_slices", "vulkan", vulkan_slices_forward, vulkan_combine, "",
      "vulkan_onepass with V staged in shared memory in slices like K (all of a slice's loads in "
      "flight at once) and the row statistics reduced by several threads per row",
-     true, {{"rows", "8"}},
-     {{}, {"4", "8", "16", "32"}, {"2", "4", "8"}, {"", "1"}}, slices_shared,
-     [](const KnobValues& k, const TuneShape& s) {
-       if (k.at("T") > 0 && k.at("rows") > k.at("T") * s.qhead) return false;
-       return !(k.count("vec") && (s.block_size % k.at("unroll") || s.D % k.at("unroll")));
-     }});
+     true, {{"rows", "8"}}, kOnepassAxes, slices_shared, onepass_keep});
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <regex>
 #include <set>
@@ -51,57 +52,55 @@ TEST(Tuner, KeepFiltersTheSpace) {
   EXPECT_GT(space.size(), 20u);
 }
 
+// Every generated Vulkan kernel whose .stmt name matches `name`: `check(file, match, floats)`
+// with the shared memory (in floats) its launch asks for. Returns how many matched.
+int for_each_generated_kernel(const std::regex& name,
+                              const std::function<void(const std::string&, const std::smatch&, long)>& check) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
+    const std::string file = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(file, m, name)) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t run = text.find("halide_vulkan_run(");
+    const size_t size = run == std::string::npos ? run : text.find(", 0 + (", run);
+    if (size == std::string::npos) {
+      ADD_FAILURE() << file << ": no launch with shared memory";
+      continue;
+    }
+    check(file, m, std::stol(text.substr(size + 7)));
+    ++checked;
+  }
+  return checked;
+}
+
 // Every generated vulkan_onepass kernel: the shared memory its launch asks for (in its .stmt,
 // beside it) against the estimate keep() prunes with.
 TEST(Tuner, OnepassSharedMemoryIsWhatHalideAllocates) {
   const std::regex name(
       R"(kvouter_vulkan_onepass_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+)(?:_unroll_\d+)?(?:_vec_\d+)?(?:_slice_(\d+))?_fwd\.stmt)");
-  int checked = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
-    const std::string file = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(file, m, name)) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t run = text.find("halide_vulkan_run(");
-    ASSERT_NE(run, std::string::npos) << file;
-    const size_t size = text.find(", 0 + (", run);
-    ASSERT_NE(size, std::string::npos) << file;
-    const long floats = std::stol(text.substr(size + 7));
+  const int checked = for_each_generated_kernel(name, [](const std::string& file, const std::smatch& m, long floats) {
     const int D = std::stoi(m[1]), block = std::stoi(m[2]), rows = std::min(std::stoi(m[5]), std::stoi(m[3]) * std::stoi(m[4]));
     const int slice = m[6].matched ? std::stoi(m[6]) : 0;
     EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(rows, D, block, slice), 4 * floats) << file;
-    ++checked;
-  }
+  });
   EXPECT_GE(checked, 6) << "the generated vulkan_onepass kernels in " << KVOUTER_GENERATED_DIR;
 }
 
-// Every generated vulkan_slices kernel at the automatic slice: its launch's shared memory against
-// the estimate keep() prunes with.
-TEST(Tuner, DecodeSharedMemoryIsWhatHalideAllocates) {
+// Every generated vulkan_slices kernel at the automatic slice: likewise.
+TEST(Tuner, SlicesSharedMemoryIsWhatHalideAllocates) {
   const std::regex name(
       R"(kvouter_vulkan_slices_d(\d+)_p\d+_b(\d+)_q(\d+)_t(\d+)_host_vulkan_chunk_\d+_rows_(\d+)(?:_unroll_(\d+))?(?:_vec_\d+)?(?:_storage_\w+)?_fwd\.stmt)");
-  int checked = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(KVOUTER_GENERATED_DIR)) {
-    const std::string file = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(file, m, name)) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t run = text.find("halide_vulkan_run(");
-    ASSERT_NE(run, std::string::npos) << file;
-    const size_t size = text.find(", 0 + (", run);
-    ASSERT_NE(size, std::string::npos) << file;
-    const long floats = std::stol(text.substr(size + 7));
+  const int checked = for_each_generated_kernel(name, [](const std::string& file, const std::smatch& m, long floats) {
     const int D = std::stoi(m[1]), block = std::stoi(m[2]), rows = std::min(std::stoi(m[5]), std::stoi(m[3]) * std::stoi(m[4]));
     const int unroll = m[6].matched ? std::stoi(m[6]) : 4;  // the GPU default (resolve_knobs)
     EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(rows, unroll, D, block), 4 * floats) << file;
-    ++checked;
-  }
+  });
   EXPECT_GE(checked, 4) << "the generated vulkan_slices kernels in " << KVOUTER_GENERATED_DIR;
-  // At gpu-decode (D 128, block 128, rows 16) it stays within the H200's 48 KiB.
+  // At the GPU shapes (D 128, block 128, rows 16) it stays within the H200's 48 KiB.
   EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(16, 4, 128, 128), 4 * 10448);
-  EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(8, 4, 128, 64), 4 * 4712);  // as generated (fit.py)
+  EXPECT_EQ(pipeline::vulkan_slices_shared_bytes(8, 4, 128, 64), 4 * 4712);
   EXPECT_EQ(pipeline::vulkan_slices_key_slice(128, 128), 16);
   EXPECT_EQ(pipeline::vulkan_slices_value_slice(128, 128, 16), 16);
 }

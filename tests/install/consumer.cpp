@@ -221,7 +221,7 @@ void device_decode_loop(const std::string& target, Dtype dtype, int steps, int* 
     }
   };
   for (int i = 0; i < 5; ++i) append();
-  halide::DeviceStepRunner runner(cache, "vulkan_onepass");
+  halide::DeviceStepRunner runner(cache, "vulkan_slices");  // the default GPU schedule
   // The plan built on the device here whatever the target's default (on Vulkan: the host's), so
   // that the installed decode-plan kernel runs.
   runner.set_decode_plan_on_device(true);
