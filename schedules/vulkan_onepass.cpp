@@ -89,6 +89,35 @@ void block_gemm(Func stage, Func acc, Var x, Var row, Var c, Var tile, LoopLevel
   vectorize_accumulator(acc, x, RX, V);
 }
 
+// A register-tiled GEMM stage `stage(x, row, c, tile) += ...` over `r` at the workgroup level,
+// stored in shared memory (x padded to x_storage where > 0), its reduction in slices of `slice`
+// steps: per slice, each thread sums its RX x RY tile over the slice in registers (rfactor: the
+// slice's sum is a register intermediate), then adds it to the stage, one read-modify-write per
+// slice. Returns the loop over the slices, at which the slice's operand is staged.
+RVar sliced_gemm(Func stage, Var x, Var row, Var c, Var tile, RVar r, int slice, int x_storage, LoopLevel group,
+                 int RX, int RY, int V, const std::string& tag) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  RVar ro_(tag + "r_slice"), ri_(tag + "r_in");
+  Var u(tag + "u");
+  stage.update().split(r, ro_, ri_, slice);
+  Func part = stage.update().rfactor(ro_, u);
+  Var xo(tag + "xo"), xi(tag + "xi"), ro(tag + "ro"), ri(tag + "ri");
+  Var uxo(tag + "uxo"), uxi(tag + "uxi"), uro(tag + "uro"), uri(tag + "uri");
+  stage.compute_at(group).store_in(MemoryType::GPUShared);
+  if (x_storage > 0) stage.bound_storage(x, x_storage);
+  stage.split(x, xo, xi, RX, guard).split(row, ro, ri, RY, guard)
+      .reorder(xi, ri, xo, ro, c, tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
+  stage.update()
+      .split(x, uxo, uxi, RX, guard).split(row, uro, uri, RY, guard)
+      .reorder(uxi, uri, uxo, uro, c, tile, ro_).gpu_threads(uxo, uro).unroll(uri);
+  unroll_or_vectorize(stage.update(), uxi, RX, V);
+  // Four steps per iteration (docs/vulkan.md limit 9: without it the Vulkan kernel waits on each
+  // step's loads).
+  register_accumulator(part, LoopLevel(stage, uxo), x, row, ri_, slice, 4);
+  vectorize_accumulator(part, x, RX, V);
+  return ro_;
+}
+
 // A slice of K or V (stage(d, p, c, tile), staged in shared memory) loaded by every thread of the
 // NX x NY workgroup: (d, p) fused with d innermost (coalesced), each thread's share an unrolled
 // loop inside the thread, so that all its loads are issued before its first store. (Loaded 4
@@ -221,22 +250,7 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
   // gpu-decode with 7 % of DRAM bandwidth.
   {
     const int DK = slices ? vulkan_slices_key_slice(D, C, k.slice) : vulkan_onepass_slice(D, C, k.slice);
-    RVar rdo("rdo"), rdi("rdi");
-    Var u("u");
-    f.s.update().split(f.rd.x, rdo, rdi, DK);
-    Func part = f.s.update().rfactor(rdo, u);
-    Var xo("sxo"), xi("sxi"), ro("sro"), ri("sri"), uxo("uxo"), uxi("uxi"), uro("uro"), uri("uri");
-    f.s.compute_at(group).store_in(MemoryType::GPUShared).bound_storage(f.p, C + 4)
-        .split(f.p, xo, xi, RX, guard).split(f.row, ro, ri, RY, guard)
-        .reorder(xi, ri, xo, ro, f.c, f.tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
-    f.s.update()
-        .split(f.p, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
-        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rdo).gpu_threads(uxo, uro).unroll(uri);
-    unroll_or_vectorize(f.s.update(), uxi, RX, V);
-    // Four channels per iteration (docs/vulkan.md limit 9: without it the Vulkan kernel waits on each
-    // step's loads).
-    register_accumulator(part, LoopLevel(f.s, uxo), f.p, f.row, rdi, DK, 4);
-    vectorize_accumulator(part, f.p, RX, V);
+    const RVar rdo = sliced_gemm(f.s, f.p, f.row, f.c, f.tile, f.rd.x, DK, C + 4, group, RX, RY, V, "s");
     // The slice: positions innermost in storage (the score threads then read unroll
     // consecutive words), rows padded by 4 words against bank conflicts (and kept 16-byte
     // aligned for vector reads). Loaded along d (coalesced).
@@ -306,20 +320,7 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
   // register tile summed over the slice (rfactor), one read-modify-write per slice.
   {
     const int PK = vulkan_slices_value_slice(D, C, vulkan_slices_key_slice(D, C, k.slice));
-    RVar rpo("rpo"), rpi("rpi");
-    Var u("vu");
-    f.cpv.update().split(f.rp.x, rpo, rpi, PK);
-    Func part = f.cpv.update().rfactor(rpo, u);
-    Var xo("vxo"), xi("vxi"), ro("vro"), ri("vri"), uxo("vuxo"), uxi("vuxi"), uro("vuro"), uri("vuri");
-    f.cpv.compute_at(group).store_in(MemoryType::GPUShared)
-        .split(f.d, xo, xi, RX, guard).split(f.row, ro, ri, RY, guard)
-        .reorder(xi, ri, xo, ro, f.c, f.tile).gpu_threads(xo, ro).unroll(xi).unroll(ri);
-    f.cpv.update()
-        .split(f.d, uxo, uxi, RX, guard).split(f.row, uro, uri, RY, guard)
-        .reorder(uxi, uri, uxo, uro, f.c, f.tile, rpo).gpu_threads(uxo, uro).unroll(uri);
-    unroll_or_vectorize(f.cpv.update(), uxi, RX, V);
-    register_accumulator(part, LoopLevel(f.cpv, uxo), f.d, f.row, rpi, PK, 4);
-    vectorize_accumulator(part, f.d, RX, V);
+    const RVar rpo = sliced_gemm(f.cpv, f.d, f.row, f.c, f.tile, f.rp.x, PK, 0, group, RX, RY, V, "v");
     f.vf.compute_at(f.cpv, rpo).store_in(MemoryType::GPUShared);
     stage_slice(f.vf, f.d, f.p, f.c, f.tile, NX, NY, "v");
   }
