@@ -158,16 +158,36 @@ int64_t vulkan_onepass_shared_bytes(int rows, int D, int block, int slice) {
   return 4 * (int64_t(rows) * (2 * D + C4 + 1) + C4 * DK + (DK < rows ? 4 * int64_t(rows) : 0));
 }
 
+namespace {
+
+// A workgroup of either schedule: R rows (at most the tile's), RX x RY register tiles, NX x NY
+// threads (as wide as the widest stage: the GEMMs' C / RX or D / RX threads, 32 along channels
+// or positions in the element-wise stages, or one thread per row for the statistics), and NS
+// threads per row for the statistics (vulkan_slices; 1 for vulkan_onepass).
+struct Workgroup {
+  int R, RX, RY, NX, NY, NS;
+};
+Workgroup workgroup(int rows, int unroll, int D, int C, bool slices) {
+  Workgroup g;
+  g.R = std::max(1, rows);
+  g.RX = std::max(1, std::min(unroll, 8));
+  g.RY = std::max(1, std::min(g.RX, g.R));
+  g.NY = (g.R + g.RY - 1) / g.RY;
+  g.NX = std::max({32, (C + g.RX - 1) / g.RX, (D + g.RX - 1) / g.RX, g.R});
+  g.NS = slices ? std::max(1, std::min(C, g.NX * g.NY / g.R)) : 1;
+  return g;
+}
+
+}  // namespace
+
 // Per workgroup, in floats, as Halide 21 packs the stages whose lifetimes do not overlap into
 // one array each: {qf, cmax partials, weights}, scores, {K slice, the max}, P.V, {V slice, sum
 // partials}, the sum. Checked against every generated kernel at the automatic slice, the only
-// one the tuner tries (Tuner.DecodeSharedMemoryIsWhatHalideAllocates); with the slice knob set,
+// one the tuner tries (Tuner.SlicesSharedMemoryIsWhatHalideAllocates); with the slice knob set,
 // Halide may pack the small stages differently.
 int64_t vulkan_slices_shared_bytes(int rows, int unroll, int D, int block, int slice) {
-  const int64_t R = rows, C4 = block + 4;
-  const int RX = std::max(1, std::min(unroll, 8)), RY = std::max(1, std::min(RX, rows));
-  const int64_t NX = std::max({32, (block + RX - 1) / RX, (D + RX - 1) / RX, rows}), NY = (rows + RY - 1) / RY;
-  const int64_t NS = std::max<int64_t>(1, std::min<int64_t>(block, NX * NY / R));
+  const Workgroup g = workgroup(rows, unroll, D, block, true);
+  const int64_t R = g.R, C4 = block + 4, NS = g.NS;
   const int DK = vulkan_slices_key_slice(D, block, slice);
   const int64_t PK = vulkan_slices_value_slice(D, block, DK);
   return 4 * (std::max({R * D, NS * R, R * C4}) + R * C4 + std::max(C4 * DK, R) + R * D +
@@ -185,9 +205,8 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
   const int D = f.static_D, C = f.static_C;
   // Shared memory: vulkan_onepass_shared_bytes (41 KiB at D 128, block 128, rows 16). A
   // workgroup past the device's limit is the runtime's clear error; the tuner keeps within it.
-  const int R = std::max(1, std::min(k.rows, f.static_rows));
-  const int RX = std::max(1, std::min(k.unroll, 8));
-  const int RY = std::max(1, std::min(RX, R));
+  const Workgroup g = workgroup(std::min(k.rows, f.static_rows), k.unroll, D, C, slices);
+  const int R = g.R, RX = g.RX, RY = g.RY, NX = g.NX, NY = g.NY;
   // vec: the register tile's RX positions (scores) or channels (P.V) as V-wide vectors, so that
   // its K-slice reads from shared memory and its V reads from the pages are V-wide loads, and the
   // K-slice staging loop unrolled by every thread of the workgroup; vec 1 is the scalar kernel.
@@ -205,10 +224,6 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
   int V = C % RX == 0 && D % RX == 0 ? std::min({want, RX, 4}) : 1;  // <= 4 wide (notes)
   while (RX % V) --V;
   const int TX = 32;  // threads along channels or positions in the element-wise stages
-  const int NY = (R + RY - 1) / RY;  // thread rows of every stage
-  // The workgroup is as wide as its widest stage: the GEMMs' C / RX or D / RX threads, TX, or
-  // the statistics' one thread per row.
-  const int NX = std::max({TX, (C + RX - 1) / RX, (D + RX - 1) / RX, R});
   if (NX * NY > 1024) {
     throw CompileError(std::string(name) + ": " + std::to_string(NX) + " x " + std::to_string(NY) +
                        " threads per workgroup (more than 1024): raise unroll or lower rows");
@@ -274,7 +289,7 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
   // row over all positions. vulkan_slices: NS threads per row, each over every NS-th position
   // (consecutive threads, consecutive words: no bank conflicts), their NS partial results then
   // reduced by one thread per row.
-  const int NS = slices ? std::max(1, std::min(C, NX * NY / R)) : 1;  // vulkan_slices_shared_bytes
+  const int NS = g.NS;
   for (Func* stat : {&f.cmax, &f.csum}) {
     Func w = stat->in();
     w.compute_at(group).store_in(MemoryType::GPUShared).gpu_threads(f.row);
