@@ -7,7 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
-//                     [--loop-staging copy,in_place] [--loop-tables host,resident,resident-device,resident-host]
+//                     [--loop-staging copy,in_place,in_place_after_plan] [--loop-tables host,resident,resident-device,resident-host]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -27,7 +27,9 @@
 // whole pool (full: in segments where one buffer cannot hold it).
 // --loop-staging: the engine's q and out/lse in its own arrays, copied by the step (copy), and/or
 // q written into the runner's staging and out/lse read where the runner reads them back
-// (in_place: DeviceStepRunner::q_staging, read_outputs()).
+// (in_place: DeviceStepRunner::q_staging, read_outputs()); in_place_after_plan: the same with q's
+// upload after the plan (DeviceStepRunner::set_q_ahead(false); on Vulkan it otherwise goes up
+// while the host plans).
 // --loop-tables: the engine's block tables passed at each step (host), and/or written once into
 // the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles then built on
 // the device or the host as the runner's default for the target says; resident-device and
@@ -116,7 +118,8 @@ int run(int argc, char** argv) {
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
-          "                         [--loop-staging copy,in_place] [--loop-tables host,resident,resident-device,resident-host]\n"
+          "                         [--loop-staging copy,in_place,in_place_after_plan]\n"
+          "                         [--loop-tables host,resident,resident-device,resident-host]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
           "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
@@ -144,7 +147,9 @@ int run(int argc, char** argv) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
   }
   for (const auto& p : loop_staging) {
-    if (p != "copy" && p != "in_place") throw InputError("--loop-staging", "copy and/or in_place", p);
+    if (p != "copy" && p != "in_place" && p != "in_place_after_plan") {
+      throw InputError("--loop-staging", "copy, in_place and/or in_place_after_plan", p);
+    }
   }
   for (const auto& p : loop_tables) {
     if (p != "host" && p != "resident" && p != "resident-device" && p != "resident-host") {
@@ -333,7 +338,8 @@ int run(int argc, char** argv) {
         for (const std::string& staging : loop_staging) {
           for (const std::string& tables : loop_tables) {
             experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
-            lo.in_place = staging == "in_place";
+            lo.in_place = staging != "copy";
+            lo.q_ahead = staging != "in_place_after_plan";
             lo.resident_tables = tables != "host";
             lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
             try {

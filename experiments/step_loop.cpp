@@ -43,7 +43,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   auto cache_id = [&](int32_t c) { return c < 0 ? c : static_cast<int32_t>(c * stride); };
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
-            {"pool_pages", N}, {"written_pages", P}, {"staging", opt.in_place ? "in_place" : "copy"},
+            {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : opt.q_ahead ? "in_place" : "in_place_after_plan"},
             {"tables", opt.resident_tables ? "resident" : "host"}};
   if (opt.resident_tables) {
     r["decode_plan_on_device"] = opt.decode_plan_on_device < 0 ? DeviceStepRunner::default_decode_plan_on_device(opt.target)
@@ -108,6 +108,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
 
   DeviceStepRunner runner(cache, opt.schedule);
   if (opt.decode_plan_on_device >= 0) runner.set_decode_plan_on_device(opt.decode_plan_on_device == 1);
+  runner.set_q_ahead(opt.q_ahead);
   if (opt.resident_tables) {
     t0 = std::chrono::steady_clock::now();
     runner.write_block_tables(TensorView<const int32_t>(tables.data(), {B, maxp}));
@@ -254,7 +255,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                "(fwd %.3f, comb %.3f) + readback %.3f; append %.3f; step/kernels %.2f; alone: validate %.3f, device plan %.3f, q %.3f, "
                "arrays %.3f\n",
                opt.target.c_str(), opt.schedule.c_str(), dtype_name(dt).c_str(),
-               (std::string(opt.in_place ? "in_place" : "copy") +
+               (r["staging"].get<std::string>() +
                 (!opt.resident_tables ? "" : r.value("decode_plan_on_device", false) ? " resident (device plan)" : " resident (host plan)"))
                    .c_str(),
                static_cast<long long>(N),

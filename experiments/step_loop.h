@@ -20,6 +20,8 @@ struct StepLoopOptions {
   // reads out/lse where the runner reads them back (read_outputs()): no host copy in the step.
   // Otherwise q is its own array, copied in by the step, and out/lse are copied into its own.
   bool in_place = false;
+  // With in_place: q's upload may go ahead of the plan (DeviceStepRunner::set_q_ahead).
+  bool q_ahead = true;
   // The block tables written once into the runner (DeviceStepRunner::write_block_tables) and each
   // step run on them (StepInputs::resident_tables: a decode step's tiles built on the device).
   // Otherwise each step passes the engine's host tables.

@@ -218,6 +218,31 @@ void UploadBatch::flush() {
   pending_.clear();
 }
 
+bool UploadBatch::submit() {
+  if (pending_.empty() || in_flight_) {
+    flush();
+    return false;
+  }
+  writes_.clear();
+  for (const Pending& p : pending_) {
+    const DeviceArray& a = *p.array;
+    writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes())), p.from});
+  }
+  if (!vulkan_write_device_async(writes_)) {
+    flush();
+    return false;
+  }
+  pending_.clear();
+  in_flight_ = true;
+  return true;
+}
+
+void UploadBatch::finish() {
+  if (!in_flight_) return;
+  in_flight_ = false;
+  if (!vulkan_finish_writes()) throw BackendError("device step: waiting for the uploads failed");
+}
+
 void DeviceArray::upload_now(const void* data, int64_t count) {
   const int64_t bytes = round64(static_cast<int64_t>(view_.size_in_bytes()));
   const int64_t used = count * type_.bytes();
@@ -748,7 +773,8 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   in.softmax_scale = s.softmax_scale;
   // On CUDA, q goes up beside the plan and the plan's arrays (a task each on Halide's thread
   // pool): the plan reads no q value, and q's copy is a DMA from page-locked staging that the host
-  // only waits for. On Vulkan the copy joins the step's one batched submission in prepare_with().
+  // only waits for. On Vulkan, a q in the runner's mapping is submitted before the plan (below,
+  // start_q_upload); any other q joins the step's one batched submission in prepare_with().
   // A decode step's tiles are built on the device where its tables are (one segment: the
   // device plan addresses one pool).
   const bool on_device = s.resident_tables && decode_plan_on_device_ && cache_.segments() == 1 && cache_.kit().decode_plan;
@@ -759,7 +785,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     prepare_with(plan, pick_(plan), s.q, true, &in);
     const double arrays_ms = timing_.upload_ms;
     auto tq = clock_type::now();
-    upload_q(s.q, true);
+    upload_q(s.q, nullptr);
     check(dev_sync(q_->buffer()), "uploads (sync)");
     timing_.q_upload_ms = ms_since(tq);
     const double wall = ms_since(t);
@@ -769,6 +795,20 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     launch();
     return;
   }
+  // On Vulkan, a q that the engine wrote into the runner's mapping goes up while the host plans
+  // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
+  // happens, the copy is waited for before the step returns or throws.
+  const bool q_ahead = q_ahead_on_ && !is_cuda_target(cache_.target()) && start_q_upload(s.q);
+  struct QWait {
+    UploadBatch* batch;
+    ~QWait() {
+      if (!batch) return;
+      try {
+        batch->finish();
+      } catch (...) {  // (an exception is already on its way)
+      }
+    }
+  } q_wait{q_ahead ? &q_ahead_ : nullptr};
   struct Tasks {
     DeviceStepRunner* self;
     const InputsView* in;
@@ -791,7 +831,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
         }
       } else if (c.upload_q) {
         auto tq = clock_type::now();
-        c.self->upload_q(c.in->q, true);
+        c.self->upload_q(c.in->q, nullptr);
         c.q_ms = ms_since(tq);
       }
     } catch (...) {
@@ -815,14 +855,22 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
     const double plan_ms = ms_since(t);
-    prepare_with(*tasks.plan, *tasks.kernels, s.q, false, &in);
+    auto tq = clock_type::now();
+    if (q_ahead) q_ahead_.finish();
+    const double q_wait_ms = ms_since(tq);
+    prepare_with(*tasks.plan, *tasks.kernels, s.q, q_ahead, &in);
     timing_.plan_ms = plan_ms + timing_.device_plan_ms;
     timing_.upload_ms -= timing_.device_plan_ms;
+    if (q_ahead) {
+      // q's copy ran beside the plan: only what was left of it after the plan counts.
+      timing_.q_upload_ms = q_wait_ms;
+      timing_.upload_ms += q_wait_ms;
+    }
   }
   launch();
 }
 
-void DeviceStepRunner::upload_q(const StorageView& sq, bool now) {
+void DeviceStepRunner::upload_q(const StorageView& sq, UploadBatch* batch) {
   const bool mapped = sq.data != nullptr && q_mapped_ && sq.data == q_mapped_->data();
   if (sq.data != nullptr && (sq.data == q_->host_data() || mapped) && !q_->fits(sq.shape_vec())) {
     // Larger than q_staging() was sized for: growing the staging would free what q views.
@@ -835,11 +883,21 @@ void DeviceStepRunner::upload_q(const StorageView& sq, bool now) {
     const int64_t used = sq.numel() * sq.element_bytes();
     if (q_->view_bytes() <= 0 || q_mapped_->holds(sq.data, q_->view_bytes())) {
       q_dirty_ = std::max(q_dirty_, used);
-      q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_, q_mapped_.get());
+      q_->upload(sq.data, sq.numel(), sq.shape_vec(), batch, q_mapped_.get());
       return;
     }
   }
-  q_->upload(sq.data, sq.numel(), sq.shape_vec(), now ? nullptr : &uploads_);
+  q_->upload(sq.data, sq.numel(), sq.shape_vec(), batch);
+}
+
+bool DeviceStepRunner::start_q_upload(const StorageView& sq) {
+  // Only a q the engine wrote into the runner's mapping (q_staging()): copied by the device from
+  // there, with nothing of the host's to keep until the wait. (Where it cannot go ahead, it goes
+  // up here, waited for.)
+  if (!is_vulkan_target(cache_.target()) || !q_mapped_ || sq.data == nullptr || sq.data != q_mapped_->data()) return false;
+  upload_q(sq, &q_ahead_);
+  q_ahead_.submit();
+  return true;
 }
 
 void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) {
@@ -869,7 +927,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   const TileSet& ts = plan.tiles;
   const int64_t S = cache_.segments(), ppb = ts.ppb, T = std::max<int64_t>(ts.T, 1);
   const int64_t C = p.D + layout::kPartialExtra;
-  if (!q_uploaded) upload_q(sq, false);
+  if (!q_uploaded) upload_q(sq, &uploads_);
   const int64_t nb = p.Tq == 0 ? 0 : ts.batches();
   while (static_cast<int64_t>(batches_.size()) < nb) batches_.push_back(std::make_unique<Batch>(cache_.array_spec()));
   used_batches_ = nb;

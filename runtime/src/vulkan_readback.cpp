@@ -51,7 +51,8 @@ struct Fns {
 };
 
 // One staging buffer, command buffer and fence for the process's Vulkan device (Halide's one
-// context), kept for the process's life.
+// context), kept for the process's life; and a second command buffer and fence for the one
+// submission that may be in flight while the host works (vulkan_write_device_async).
 struct Staging {
   VkDevice device = VK_NULL_HANDLE;
   Fns f;
@@ -63,20 +64,35 @@ struct Staging {
   VkCommandPool pool = VK_NULL_HANDLE;
   VkCommandBuffer commands = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
+  VkCommandBuffer async_commands = VK_NULL_HANDLE;
+  VkFence async_fence = VK_NULL_HANDLE;
+  bool async_pending = false;  // async_commands submitted, async_fence not yet waited for
 };
 Staging staging;
+
+// With mu held: the submission in flight, if any, waited for. False where the wait failed.
+bool finish_async_locked() {
+  if (!staging.async_pending) return true;
+  const Fns& f = staging.f;
+  const bool ok = f.wait(staging.device, 1, &staging.async_fence, VK_TRUE, UINT64_MAX) == VK_SUCCESS;
+  f.reset_fence(staging.device, 1, &staging.async_fence);
+  staging.async_pending = false;
+  return ok;
+}
 
 // At exit, before Halide's runtime destroys the device (its destructor runs after the atexit
 // handlers): every object made here, destroyed.
 void release_staging() {
   std::lock_guard<std::mutex> lock(mu);
   if (!staging.device) return;
+  finish_async_locked();
   const Fns& f = staging.f;
   if (staging.buffer) {
     f.destroy_buffer(staging.device, staging.buffer, nullptr);
     f.free(staging.device, staging.memory, nullptr);
   }
   f.destroy_fence(staging.device, staging.fence, nullptr);
+  f.destroy_fence(staging.device, staging.async_fence, nullptr);
   f.destroy_pool(staging.device, staging.pool, nullptr);
   staging = Staging{};
 }
@@ -89,6 +105,7 @@ bool load(PFN_vkGetInstanceProcAddr gipa, VkInstance instance, const char* name,
 
 bool init(VkInstance instance, VkDevice device, uint32_t family) {
   if (staging.device == device) return true;
+  if (staging.device) finish_async_locked();
   static void* lib = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return false;
   auto gipa = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib, "vkGetInstanceProcAddr"));
@@ -119,20 +136,33 @@ bool init(VkInstance instance, VkDevice device, uint32_t family) {
   VkCommandPool pool = VK_NULL_HANDLE;
   if (f.create_pool(device, &pi, nullptr, &pool) != VK_SUCCESS) return false;
   VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr, pool,
-                                 VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
-  VkCommandBuffer commands = VK_NULL_HANDLE;
-  if (f.allocate_commands(device, &ai, &commands) != VK_SUCCESS) return false;
+                                 VK_COMMAND_BUFFER_LEVEL_PRIMARY, 2};
+  VkCommandBuffer commands[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+  if (f.allocate_commands(device, &ai, commands) != VK_SUCCESS) {
+    f.destroy_pool(device, pool, nullptr);
+    return false;
+  }
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO, nullptr, 0};
-  VkFence fence = VK_NULL_HANDLE;
-  if (f.create_fence(device, &fi, nullptr, &fence) != VK_SUCCESS) return false;
+  VkFence fences[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+  for (VkFence& fence : fences) {
+    if (f.create_fence(device, &fi, nullptr, &fence) != VK_SUCCESS) {
+      for (VkFence made : fences) {
+        if (made) f.destroy_fence(device, made, nullptr);
+      }
+      f.destroy_pool(device, pool, nullptr);
+      return false;
+    }
+  }
   static const bool registered = (std::atexit(release_staging), true);
   (void)registered;
   staging = Staging{};
   staging.device = device;
   staging.f = f;
   staging.pool = pool;
-  staging.commands = commands;
-  staging.fence = fence;
+  staging.commands = commands[0];
+  staging.fence = fences[0];
+  staging.async_commands = commands[1];
+  staging.async_fence = fences[1];
   return true;
 }
 
@@ -385,6 +415,61 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
       [](void*) {}, from ? reinterpret_cast<VkDeviceMemory>(from->memory_) : VK_NULL_HANDLE, from ? from->coherent_ : true);
 }
 
+bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (writes.empty()) return true;
+  const VulkanMappedBuffer* from = writes[0].from;
+  for (const VulkanWrite& w : writes) {
+    if (!usable(w.dst) || !w.from || w.from != from || w.bytes < w.src_bytes || w.src_bytes < 0 ||
+        !from->holds(w.src, w.bytes)) {
+      return false;
+    }
+  }
+  HeldContext held;
+  if (!held.ok || !init(held.instance, held.device, held.family) || from->device_ != staging.device) return false;
+  if (!finish_async_locked()) return false;  // (the one command buffer and fence: reused below)
+  const Fns& f = staging.f;
+  const auto memory = reinterpret_cast<VkDeviceMemory>(from->memory_);
+  if (!from->coherent_) {
+    VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, memory, 0, VK_WHOLE_SIZE};
+    if (f.flush(held.device, 1, &r) != VK_SUCCESS) return false;
+  }
+  VkCommandBuffer commands = staging.async_commands;
+  f.reset(commands, 0);
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
+                              VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, nullptr};
+  if (f.begin(commands, &bi) != VK_SUCCESS) return false;
+  // As vulkan_write_device: every earlier use of the queue before the copies write, the copies
+  // before every later command of the queue (Halide's kernels among them).
+  VkMemoryBarrier before{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
+                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                             VK_ACCESS_TRANSFER_WRITE_BIT,
+                         VK_ACCESS_TRANSFER_WRITE_BIT};
+  f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0, nullptr, 0,
+            nullptr);
+  for (const VulkanWrite& w : writes) {
+    if (w.bytes <= 0) continue;
+    const auto at = static_cast<const char*>(w.src) - static_cast<const char*>(from->mapped_);
+    VkBufferCopy c{static_cast<VkDeviceSize>(at), 0, static_cast<VkDeviceSize>(w.bytes)};
+    f.copy(commands, reinterpret_cast<VkBuffer>(from->buffer_), vk_buffer_of(w.dst), 1, &c);
+  }
+  VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
+                        VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                            VK_ACCESS_TRANSFER_WRITE_BIT};
+  f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0, nullptr, 0,
+            nullptr);
+  if (f.end(commands) != VK_SUCCESS) return false;
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, nullptr, 0, nullptr, nullptr, 1, &commands, 0, nullptr};
+  if (f.submit(held.queue, 1, &si, staging.async_fence) != VK_SUCCESS) return false;
+  staging.async_pending = true;
+  return true;
+}
+
+bool vulkan_finish_writes() {
+  std::lock_guard<std::mutex> lock(mu);
+  return finish_async_locked();
+}
+
 bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into) {
   if (reads.empty()) return true;
   std::lock_guard<std::mutex> lock(mu);
@@ -422,6 +507,7 @@ VulkanMappedBuffer::~VulkanMappedBuffer() {
 void VulkanMappedBuffer::release() {
   // (After release_staging at exit the device is Halide's to destroy, with what lives on it.)
   if (device_ && device_ == staging.device && buffer_) {
+    finish_async_locked();  // (a copy from this mapping may be in flight)
     staging.f.destroy_buffer(staging.device, reinterpret_cast<VkBuffer>(buffer_), nullptr);
     staging.f.free(staging.device, reinterpret_cast<VkDeviceMemory>(memory_), nullptr);
   }

@@ -210,8 +210,9 @@ enum class Tables { kHost, kResident, kAlternating, kResidentOnHost };
 
 // `steps` decode steps after a prefill of 5 tokens; every step against the oracle.
 // With `jit`, the cache and the runner on those kernels' kit (their own writers and decode plan).
+// in_place_q: q written into the runner's staging (q_staging()), as an engine would.
 void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed, int prefill = 5,
-                 Tables tables = Tables::kHost, const halide::Kernels* jit = nullptr) {
+                 Tables tables = Tables::kHost, const halide::Kernels* jit = nullptr, bool in_place_q = false) {
   DeviceCacheShape shape{Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, p.dtype};
   std::unique_ptr<DeviceKvCache> cache_owner = jit ? std::make_unique<DeviceKvCache>(jit->kit, shape, segment_pages)
                                                    : std::make_unique<DeviceKvCache>(p.target, shape, segment_pages);
@@ -249,6 +250,12 @@ void decode_loop(const Param& p, int64_t segment_pages, int steps, uint32_t seed
     if (resident) {
       s.block_tables = TensorView<const int32_t>();
       s.resident_tables = true;
+    }
+    if (in_place_q) {
+      void* staged = runner.q_staging(Engine::B, Engine::Hq);
+      ASSERT_NE(staged, nullptr);
+      std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+      s.q.data = staged;
     }
     runner.step(s);
     EXPECT_EQ(runner.plan().tiles_on_device, resident && tables != Tables::kResidentOnHost && cache.segments() == 1)
@@ -382,6 +389,20 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
     ASSERT_NE(staged, nullptr);
     std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
     s.q.data = staged;
+    if (step == 1) {
+      // A step that its plan refuses (a block past the sequence), with q already on its way from
+      // the staging: the error names the selection, and the next step is as before.
+      std::vector<int32_t> bad(s.selected.ptr(), s.selected.ptr() + s.selected.numel());
+      bad[0] = 1 << 20;
+      StepInputs refused = s;
+      refused.selected = TensorView<const int32_t>(bad.data(), {Engine::B, Engine::Hkv, Engine::topk});
+      try {
+        in_place.step(refused);
+        ADD_FAILURE() << "a selection past the sequence was taken";
+      } catch (const InputError& err) {
+        EXPECT_NE(std::string(err.what()).find("selected"), std::string::npos) << err.what();
+      }
+    }
     in_place.step(s);
     const OutputsView got = in_place.read_outputs();
     ASSERT_EQ(got.out.numel(), want.out.numel());
@@ -564,14 +585,16 @@ TEST(DeviceCache, ResidentTablesAreCheckedWhereWritten) {
   EXPECT_EQ(runner.block_tables().data[2 * Engine::max_pages + 7], 4);
 }
 
-// Caches and runners on separate threads, each its own engine: every step right.
+// Caches and runners on separate threads, each its own engine: every step right. Two of them
+// write q into their runner's staging (its copy then goes up while the host plans, one such copy
+// in flight at a time for the process).
 TEST(DeviceCache, ConcurrentCachesAndRunners) {
   REQUIRE_DEVICE("host-vulkan");
   std::vector<std::thread> threads;
-  for (uint32_t i = 0; i < 3; ++i) {
+  for (uint32_t i = 0; i < 4; ++i) {
     threads.emplace_back([i] {
       decode_loop({"host-vulkan", "vulkan_onepass", i == 1 ? Dtype::kBFloat16 : Dtype::kFloat32}, i == 2 ? 5 : 0, 4, 20 + i, 5,
-                  i == 0 ? Tables::kResident : Tables::kHost);
+                  i == 0 ? Tables::kResident : Tables::kHost, nullptr, i >= 2);
     });
   }
   for (auto& t : threads) t.join();

@@ -85,6 +85,11 @@ class DeviceArray;
 class UploadBatch {
  public:
   void flush();
+  // flush() without its wait where every upload is copied from one mapping on Vulkan
+  // (vulkan_write_device_async): true, and finish() waits (the sources stay as they are until
+  // then). Otherwise flush(), and false.
+  bool submit();
+  void finish();
 
  private:
   friend class DeviceArray;
@@ -96,6 +101,7 @@ class UploadBatch {
   };
   std::vector<Pending> pending_;
   std::vector<VulkanWrite> writes_;  // pending_'s, for vulkan_write_device (reused)
+  bool in_flight_ = false;            // submitted, not yet finished
 };
 
 class DeviceArray {
@@ -249,13 +255,16 @@ struct StepInputs {
 
 // Wall times of the last step (milliseconds), each phase synchronised with the device.
 // step() on CUDA uploads q beside the plan and the plan's arrays: plan_ms is then the plan's own
-// time, and upload_ms the rest of the wall time until every upload is done.
+// time, and upload_ms the rest of the wall time until every upload is done. On Vulkan, a q in the
+// runner's mapping (q_staging()) goes up while the host plans: q_upload_ms is then the wait for it
+// after the plan, inside upload_ms.
 // A plan built on the device (StepInputs::resident_tables): plan_ms is the host's part (validation
 // and the layout) and device_plan_ms, the decode-plan kernels to their end (on CUDA: their issue;
 // they run in stream order ahead of q's copy, inside upload_ms).
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
-  // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone.
+  // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone
+  // (on Vulkan, q_upload_ms as above).
   double q_upload_ms = 0, arrays_upload_ms = 0;
   // Inside plan_ms: the device's part of a plan built there (0 for a host plan).
   double device_plan_ms = 0;
@@ -297,6 +306,11 @@ class DeviceStepRunner {
   // measured (default_decode_plan_on_device).
   void set_decode_plan_on_device(bool on) { decode_plan_on_device_ = on; }
   static bool default_decode_plan_on_device(const std::string& target);
+  // Whether, on Vulkan, a q in q_staging() goes up while the host plans (else after the plan, with
+  // the plan's arrays). Default on, measured 2026-12-03 (H200, gpu-decode bfloat16, 64-step
+  // loops, medians): 2.518 ms a step against 2.571
+  // (experiments/results/gpu/2026-12-03/gpu_bench_loop_q_ahead.json).
+  void set_q_ahead(bool on) { q_ahead_on_ = on; }
   // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
   // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...
   void prepare(const Plan& plan, const StorageView& q);
@@ -327,7 +341,8 @@ class DeviceStepRunner {
   void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q, bool q_uploaded,
                     const InputsView* in = nullptr);
   // q's checks against the staging, then its upload: now, or in the step's batched submission.
-  void upload_q(const StorageView& q, bool now);
+  void upload_q(const StorageView& q, UploadBatch* batch);  // nullptr: now
+  bool start_q_upload(const StorageView& q);
   void build_segment_tiles(const Plan& plan, int64_t b, int64_t tb, int64_t te);
   DeviceKvCache& cache_;
   KernelPicker pick_;
@@ -339,6 +354,7 @@ class DeviceStepRunner {
   int64_t used_batches_ = 0;
   std::unique_ptr<DeviceArray> q_;
   std::vector<float> empty_;  // a batch with no tile: its one tile of empty partials
+  UploadBatch q_ahead_;   // q's copy while the host plans (Vulkan, q in the runner's mapping)
   UploadBatch uploads_;   // a step's uploads, one submission per query batch
   uint8_t kv_dummy_ = 0;  // the address the plan's K/V views carry (the plan reads no K/V)
   // Host scratch, reused across steps.
@@ -350,6 +366,7 @@ class DeviceStepRunner {
   int64_t tables_B_ = 0, tables_width_ = 0;
   bool has_tables_ = false;
   bool decode_plan_on_device_ = false;
+  bool q_ahead_on_ = true;
   std::unique_ptr<DeviceArray> tables_, entry_values_, entry_seqs_, entry_cols_;
   std::vector<std::pair<int64_t, int64_t>> entry_keys_;
   // A plan built on the device: the step's selection and lengths (one upload).

@@ -46,6 +46,14 @@ struct VulkanWrite {
 };
 bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
 
+// As vulkan_write_device for writes copied from one mapping (`from` set on each), but returns once
+// they are submitted, so that the host works while the device copies: vulkan_finish_writes()
+// waits for them (a later submission waits for them in the queue by itself). One such submission
+// is in flight at a time: the next waits for the last. The mapping's bytes must stay as they are
+// until the wait. False when it cannot (as vulkan_write_device; nothing submitted).
+bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes);
+bool vulkan_finish_writes();  // false where the wait failed
+
 // Device-to-host reads, several in one submission, straight into `into`'s mapping (each dst a
 // pointer into it; no host copy). False when it cannot: the caller then reads each otherwise.
 struct VulkanRead {
@@ -73,6 +81,7 @@ class VulkanMappedBuffer {
 
  private:
   friend bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
+  friend bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes);
   friend bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into);
   void release();
   VkDevice_T* device_ = nullptr;
