@@ -323,6 +323,25 @@ bool with_staging(int64_t bytes, Before before, Record record, After after, VkDe
   return ok;
 }
 
+// Around a batch of uploads: every earlier use of the queue (kernels reading or writing the
+// arrays, copies) before the copies write ...
+void barrier_before_writes(const Fns& f, VkCommandBuffer commands) {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
+                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                         VK_ACCESS_TRANSFER_WRITE_BIT,
+                     VK_ACCESS_TRANSFER_WRITE_BIT};
+  f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+// ... and the copies before every later command of the queue (Halide's kernels among them, in
+// later submissions too).
+void barrier_after_writes(const Fns& f, VkCommandBuffer commands) {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
+                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                         VK_ACCESS_TRANSFER_WRITE_BIT};
+  f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
 bool usable(const halide_buffer_t* buf) {
   return buf && buf->device && context_fns.acquire && context_fns.release && context_fns.interface &&
          buf->device_interface == context_fns.interface();
@@ -382,14 +401,7 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
         }
       },
       [&](const Fns& f, VkCommandBuffer commands) {
-        // Every earlier use of the queue (kernels reading or writing the arrays) before the copies
-        // write; the copies before any later kernel.
-        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
-                           VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                               VK_ACCESS_TRANSFER_WRITE_BIT,
-                           VK_ACCESS_TRANSFER_WRITE_BIT};
-        f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                  nullptr);
+        barrier_before_writes(f, commands);
         int64_t offset = 0;
         for (const VulkanWrite& w : writes) {
           if (w.from) {
@@ -406,11 +418,7 @@ bool vulkan_write_device(const std::vector<VulkanWrite>& writes) {
           }
           offset += span(w);
         }
-        VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
-                              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                                  VK_ACCESS_TRANSFER_WRITE_BIT};
-        f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0, nullptr, 0,
-                  nullptr);
+        barrier_after_writes(f, commands);
       },
       [](void*) {}, from ? reinterpret_cast<VkDeviceMemory>(from->memory_) : VK_NULL_HANDLE, from ? from->coherent_ : true);
 }
@@ -439,25 +447,14 @@ bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes) {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr,
                               VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, nullptr};
   if (f.begin(commands, &bi) != VK_SUCCESS) return false;
-  // As vulkan_write_device: every earlier use of the queue before the copies write, the copies
-  // before every later command of the queue (Halide's kernels among them).
-  VkMemoryBarrier before{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr,
-                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                             VK_ACCESS_TRANSFER_WRITE_BIT,
-                         VK_ACCESS_TRANSFER_WRITE_BIT};
-  f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0, nullptr, 0,
-            nullptr);
+  barrier_before_writes(f, commands);
   for (const VulkanWrite& w : writes) {
     if (w.bytes <= 0) continue;
     const auto at = static_cast<const char*>(w.src) - static_cast<const char*>(from->mapped_);
     VkBufferCopy c{static_cast<VkDeviceSize>(at), 0, static_cast<VkDeviceSize>(w.bytes)};
     f.copy(commands, reinterpret_cast<VkBuffer>(from->buffer_), vk_buffer_of(w.dst), 1, &c);
   }
-  VkMemoryBarrier after{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_TRANSFER_WRITE_BIT,
-                        VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                            VK_ACCESS_TRANSFER_WRITE_BIT};
-  f.barrier(commands, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0, nullptr, 0,
-            nullptr);
+  barrier_after_writes(f, commands);
   if (f.end(commands) != VK_SUCCESS) return false;
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO, nullptr, 0, nullptr, nullptr, 1, &commands, 0, nullptr};
   if (f.submit(held.queue, 1, &si, staging.async_fence) != VK_SUCCESS) return false;
