@@ -744,6 +744,8 @@ TensorView<const int32_t> DeviceStepRunner::block_tables() const {
 void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   auto t = clock_type::now();
   const DeviceCacheShape& cs = cache_.shape();
+  // (The plan would name the pool's dtype, which the runner, not the caller, gives it.)
+  if (s.q.dtype != cs.dtype) throw InputError("q", "dtype " + dtype_name(cs.dtype) + " (the cache's)", dtype_name(s.q.dtype));
   InputsView in;
   in.q = s.q;
   // The plan checks K/V's shape and dtype against the rest, and reads none of their elements.
@@ -798,7 +800,9 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // On Vulkan, a q that the engine wrote into the runner's mapping goes up while the host plans
   // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
   // happens, the copy is waited for before the step returns or throws.
+  auto tq0 = clock_type::now();
   const bool q_ahead = q_ahead_on_ && !is_cuda_target(cache_.target()) && start_q_upload(s.q);
+  const double q_submit_ms = q_ahead ? ms_since(tq0) : 0.0;
   struct QWait {
     UploadBatch* batch;
     ~QWait() {
@@ -854,7 +858,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     timing_.q_upload_ms = tasks.q_ms;
     timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
-    const double plan_ms = ms_since(t);
+    const double plan_ms = ms_since(t) - q_submit_ms;
     auto tq = clock_type::now();
     if (q_ahead) q_ahead_.finish();
     const double q_wait_ms = ms_since(tq);
@@ -862,9 +866,10 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     timing_.plan_ms = plan_ms + timing_.device_plan_ms;
     timing_.upload_ms -= timing_.device_plan_ms;
     if (q_ahead) {
-      // q's copy ran beside the plan: only what was left of it after the plan counts.
-      timing_.q_upload_ms = q_wait_ms;
-      timing_.upload_ms += q_wait_ms;
+      // q's copy ran beside the plan: its submission (or, where it could not go ahead, its whole
+      // upload) and what was left of it after the plan count.
+      timing_.q_upload_ms = q_submit_ms + q_wait_ms;
+      timing_.upload_ms += q_submit_ms + q_wait_ms;
     }
   }
   launch();
@@ -895,6 +900,10 @@ bool DeviceStepRunner::start_q_upload(const StorageView& sq) {
   // there, with nothing of the host's to keep until the wait. (Where it cannot go ahead, it goes
   // up here, waited for.)
   if (!is_vulkan_target(cache_.target()) || !q_mapped_ || sq.data == nullptr || sq.data != q_mapped_->data()) return false;
+  // q's own checks come with the plan (prepare_with), after this: only a q of the cache's dtype
+  // and head dimension goes ahead (its byte count sizes what q_staging() clears next).
+  const DeviceCacheShape& cs = cache_.shape();
+  if (sq.rank != 3 || sq.dtype != cs.dtype || sq.shape[0] < 0 || sq.shape[1] <= 0 || sq.shape[2] != cs.D) return false;
   upload_q(sq, &q_ahead_);
   q_ahead_.submit();
   return true;

@@ -433,9 +433,10 @@ bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes) {
       return false;
     }
   }
+  // The last one's wait first, outside Halide's context lock (kernel launches take it).
+  if (!finish_async_locked()) return false;  // (the one command buffer and fence: reused below)
   HeldContext held;
   if (!held.ok || !init(held.instance, held.device, held.family) || from->device_ != staging.device) return false;
-  if (!finish_async_locked()) return false;  // (the one command buffer and fence: reused below)
   const Fns& f = staging.f;
   const auto memory = reinterpret_cast<VkDeviceMemory>(from->memory_);
   if (!from->coherent_) {

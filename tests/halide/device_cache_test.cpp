@@ -428,6 +428,28 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
     EXPECT_NE(std::string(err.what()).find("q"), std::string::npos) << err.what();
   }
   EXPECT_THROW(in_place.q_staging(1, Engine::Hq + 1), InputError);
+  if (p.dtype != Dtype::kFloat32) {
+    // A float32 view of a 16-bit runner's staging (twice its bytes): refused naming q before
+    // anything goes up, and the staging's next use as before.
+    StepInputs s = e.step_inputs();
+    void* staged = in_place.q_staging(Engine::B, Engine::Hq);
+    s.q = StorageView(static_cast<const float*>(staged), {Engine::B, Engine::Hq, Engine::D});
+    try {
+      in_place.step(s);
+      ADD_FAILURE() << "a float32 q was taken by a " << dtype_name(p.dtype) << " cache";
+    } catch (const InputError& err) {
+      EXPECT_EQ(err.field(), "q") << err.what();
+    }
+    s = e.step_inputs();
+    staged = in_place.q_staging(Engine::B, Engine::Hq);
+    std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+    s.q.data = staged;
+    in_place.step(s);
+    copying.step(e.step_inputs());
+    EXPECT_EQ(std::memcmp(in_place.read_outputs().out.ptr(), copying.read_outputs().out.ptr(),
+                          static_cast<size_t>(Engine::B * Engine::Hq * Engine::D) * sizeof(float)),
+              0);
+  }
 }
 
 std::vector<Param> params() {
@@ -540,7 +562,8 @@ TEST(DeviceCache, StepsNamingPagesBeyondThePoolOrAnotherDtypeAreRefused) {
   e.host.block_tables.data[1] = 0;
   e.host.store_as(Dtype::kBFloat16);
   e.dtype = Dtype::kBFloat16;
-  EXPECT_EQ(input_error_field([&] { runner.step(e.step_inputs()); }), "k_pages dtype");
+  // The caller's q is what disagrees with the cache (the pool's dtype is the cache's own).
+  EXPECT_EQ(input_error_field([&] { runner.step(e.step_inputs()); }), "q");
 }
 
 // The resident tables: every bad write is refused where it is written, naming the field, and

@@ -256,8 +256,8 @@ struct StepInputs {
 // Wall times of the last step (milliseconds), each phase synchronised with the device.
 // step() on CUDA uploads q beside the plan and the plan's arrays: plan_ms is then the plan's own
 // time, and upload_ms the rest of the wall time until every upload is done. On Vulkan, a q in the
-// runner's mapping (q_staging()) goes up while the host plans: q_upload_ms is then the wait for it
-// after the plan, inside upload_ms.
+// runner's mapping (q_staging()) goes up while the host plans: q_upload_ms is then its submission
+// and the wait for it after the plan, inside upload_ms (plan_ms is the plan's alone).
 // A plan built on the device (StepInputs::resident_tables): plan_ms is the host's part (validation
 // and the layout) and device_plan_ms, the decode-plan kernels to their end (on CUDA: their issue;
 // they run in stream order ahead of q's copy, inside upload_ms).
