@@ -204,15 +204,19 @@ halide_buffer_t* DeviceArray::upload(const void* data, int64_t count, const std:
   return v;
 }
 
-void UploadBatch::flush() {
-  if (pending_.empty()) return;
+const std::vector<VulkanWrite>& UploadBatch::gather() {
   writes_.clear();
   for (const Pending& p : pending_) {
     const DeviceArray& a = *p.array;
     writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes())), p.from});
   }
+  return writes_;
+}
+
+void UploadBatch::flush() {
+  if (pending_.empty()) return;
   // Not a Vulkan device (or no host-cached memory there): each array's own copy.
-  if (!vulkan_write_device(writes_)) {
+  if (!vulkan_write_device(gather())) {
     for (const Pending& p : pending_) p.array->upload_now(p.data, p.count);
   }
   pending_.clear();
@@ -223,12 +227,7 @@ bool UploadBatch::submit() {
     flush();
     return false;
   }
-  writes_.clear();
-  for (const Pending& p : pending_) {
-    const DeviceArray& a = *p.array;
-    writes_.push_back({&a.alloc_, p.data, p.count * a.type_.bytes(), round64(static_cast<int64_t>(a.view_.size_in_bytes())), p.from});
-  }
-  if (!vulkan_write_device_async(writes_)) {
+  if (!vulkan_write_device_async(gather())) {
     flush();
     return false;
   }
@@ -801,7 +800,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
   // happens, the copy is waited for before the step returns or throws.
   auto tq0 = clock_type::now();
-  const bool q_ahead = q_ahead_on_ && !is_cuda_target(cache_.target()) && start_q_upload(s.q);
+  const bool q_ahead = q_ahead_on_ && start_q_upload(s.q);
   const double q_submit_ms = q_ahead ? ms_since(tq0) : 0.0;
   struct QWait {
     UploadBatch* batch;
@@ -900,10 +899,10 @@ bool DeviceStepRunner::start_q_upload(const StorageView& sq) {
   // there, with nothing of the host's to keep until the wait. (Where it cannot go ahead, it goes
   // up here, waited for.)
   if (!is_vulkan_target(cache_.target()) || !q_mapped_ || sq.data == nullptr || sq.data != q_mapped_->data()) return false;
-  // q's own checks come with the plan (prepare_with), after this: only a q of the cache's dtype
-  // and head dimension goes ahead (its byte count sizes what q_staging() clears next).
-  const DeviceCacheShape& cs = cache_.shape();
-  if (sq.rank != 3 || sq.dtype != cs.dtype || sq.shape[0] < 0 || sq.shape[1] <= 0 || sq.shape[2] != cs.D) return false;
+  // q's shape is checked with the plan (prepare_with), after this: only a q of the cache's head
+  // dimension goes ahead (its dtype, checked by step(), and its byte count size what q_staging()
+  // clears next).
+  if (sq.rank != 3 || sq.shape[0] < 0 || sq.shape[1] <= 0 || sq.shape[2] != cache_.shape().D) return false;
   upload_q(sq, &q_ahead_);
   q_ahead_.submit();
   return true;

@@ -93,6 +93,7 @@ class UploadBatch {
 
  private:
   friend class DeviceArray;
+  const std::vector<VulkanWrite>& gather();  // writes_ made from pending_
   struct Pending {
     DeviceArray* array;
     const void* data;
