@@ -132,12 +132,19 @@ class KvouterForward : public Generator<KvouterForward> {
     // Online softmax across the chunks of the block. m and l are carried per d (each point's
     // update then reads only itself: race-free, vectorisable); the output reads them from d - 1.
     f.st(d, row, tile) = Tuple(0.f, kMasked, 0.f);
-    Expr m_old = f.st(d, row, tile)[1];
     Expr cm = f.cmax(row, f.rc.x, tile);
-    Expr m_new = max(m_old, cm);
-    Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
-    f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
-                               f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+    if (f.static_NC == 1) {
+      // The block is one chunk: the merge with the initial state (0, kMasked, 0) is the identity
+      // (alpha = 0 and beta = 1 where a position is attended; 0 * 1 + 0 * 1 where none is), so the
+      // chunk's own (o, m, l) are stored as they are, without the merge's two exps per channel.
+      f.st(d, row, tile) = Tuple(f.cpv(d, row, f.rc.x, tile), cm, f.csum(row, f.rc.x, tile));
+    } else {
+      Expr m_old = f.st(d, row, tile)[1];
+      Expr m_new = max(m_old, cm);
+      Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
+      f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
+                                 f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+    }
     Expr dd = min(ch, D - 1);
     partials(ch, row, tile) = select(ch < D, f.st(dd, row, tile)[0], ch == D, f.st(dd, row, tile)[1],
                                      f.st(dd, row, tile)[2]);

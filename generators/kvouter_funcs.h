@@ -31,7 +31,9 @@ struct Knobs {
 // and the online-softmax state st(ch, row, tile) = Tuple(o, m, l) runs over the chunks (update
 // over rc): m' = max(m, cmax), o' = o e^(m - m') + cpv e^(cmax - m'), l' likewise. m and l are
 // carried per d so that each point's update reads only itself (parallel, vectorisable, GPU
-// threads). partials(ch, row, tile) packs [o | m | l], ch in [0, D + 2).
+// threads). Where the block is one chunk (static_NC == 1) the update stores the chunk's
+// (cpv, cmax, csum) as they are: the merge with the initial state is the identity there.
+// partials(ch, row, tile) packs [o | m | l], ch in [0, D + 2).
 struct ForwardFuncs {
   // Named, so that Halide's messages and generated kernels say which stage they mean.
   Halide::Func qf{"qf"};        // (d, row, tile)          gathered, pre-scaled query rows

@@ -32,6 +32,21 @@ void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, R
   product.update().split(col, cu, cv, k.vec).reorder(cv, cu, row, red).vectorize(cv).unroll(cu).unroll(row);
 }
 
+// A chunk's per-row reduction over its positions (cmax, csum), whose input is stored with the
+// positions innermost: each of `lanes` vector lanes reduces its own positions (rfactor), then the
+// lanes are reduced per row. Where the chunk is not a multiple of the lanes, the reduction stays
+// scalar.
+void lane_reduction(Func r, RVar rp, Var row, Func at, RVar at_var, int lanes) {
+  const std::optional<int64_t> extent = as_const_int(rp.extent());
+  r.compute_at(at, at_var);
+  if (!extent || *extent % lanes != 0) return;
+  RVar rpo("rpo"), rpi("rpi");
+  Var v("v");
+  Func part = r.update().split(rp, rpo, rpi, lanes).rfactor(rpi, v);
+  part.compute_at(at, at_var).vectorize(v);
+  part.update().reorder(v, rpo, row).vectorize(v);
+}
+
 void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   cpu_tile_level(f, k);
@@ -44,9 +59,9 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
 
   // Scores (vectorised over positions) and P.V (over D), each in register tiles.
   register_tiled_product(f.s, f.p, f.row, f.rd.x, f.st, rc, k);
-  f.cmax.compute_at(f.st, rc);
+  lane_reduction(f.cmax, f.rp.x, f.row, f.st, rc, k.vec);
   f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
-  f.csum.compute_at(f.st, rc);
+  lane_reduction(f.csum, f.rp.x, f.row, f.st, rc, k.vec);
   register_tiled_product(f.cpv, f.d, f.row, f.rp.x, f.st, rc, k);
 }
 
