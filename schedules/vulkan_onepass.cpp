@@ -35,12 +35,14 @@
 //     results then reduced per row, where vulkan_onepass has one thread per row over the block;
 //   - K slices of half vulkan_onepass's automatic width, so that both slices fit the 48 KiB of a
 //     Vulkan workgroup on the H200 (vulkan_slices_shared_bytes).
-// Measured 2026-12-03 (H200, AOT, warm clocks, kernel medians of 5, one run with vulkan_onepass and
-// vulkan_tiled: experiments/results/gpu/2026-12-03/gpu_bench_slices.json): CUDA (rows 16, unroll 4)
-// gpu-decode 0.71 ms = 31.5 % of HBM (bfloat16 0.68 ms), gpu-prefill 147 ms = 20.9 % of FP32
-// peak; Vulkan (rows 16, unroll 2 for decode, 4 for prefill) 1.78 ms = 12.5 % of HBM and 268 ms.
-// ncu (ncu_decode_slices_float32.txt there): issue slots 66 % busy, the integer pipe the busiest;
-// 418 M instructions for 134 M FMAs. The default GPU schedule (experiments/registry.cpp).
+// Measured 2026-12-04 (H200, AOT, warm clocks, kernel medians of 5:
+// experiments/results/gpu/2026-12-04/gpu_bench_one_chunk.json): CUDA (rows 16, unroll 4)
+// gpu-decode 0.67 ms = 33.4 % of HBM (bfloat16 0.63 ms), gpu-prefill 132 ms = 23.4 % of FP32
+// peak; Vulkan (rows 16, unroll 2 for decode, 4 for prefill) 1.81 ms = 12.4 % of HBM and 271 ms.
+// Against vulkan_onepass and vulkan_tiled: experiments/results/gpu/2026-12-03/gpu_bench_slices.json.
+// ncu there (ncu_decode_slices_float32.txt, before the one-chunk forward): issue slots 66 % busy,
+// the integer pipe the busiest; 418 M instructions for 134 M FMAs. The default GPU schedule
+// (experiments/registry.cpp).
 #include <algorithm>
 
 #include "schedules.h"
