@@ -114,14 +114,15 @@ class KvouterForward : public Generator<KvouterForward> {
     f.vf(d, p, c, tile) = widen(v_pages(d, pos % PS, h, phys));
     // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
     // the block, on an allocated page.
-    Expr attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
+    // Per edge (query) of the tile, not per row: the query heads of one query share it.
+    Var e = f.e;
+    f.att(p, e, c, tile) = pos < min(tile_limit(clamp(e, 0, T - 1), tile), BS) && page >= 0;
+    Expr attended = f.att(p, edge, c, tile);
 
     const float kMasked = layout::kMaskedScore;
     f.s(p, row, c, tile) = 0.f;
     f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
-    Expr pos_r = c * C + f.rp.x;
-    Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
-    Expr attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+    Expr attended_r = f.att(f.rp.x, edge, c, tile);
     f.cmax(row, c, tile) = kMasked;
     f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
     f.pexp(p, row, c, tile) = select(attended, exp(f.s(p, row, c, tile) - f.cmax(row, c, tile)), 0.f);

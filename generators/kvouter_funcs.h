@@ -24,6 +24,7 @@ struct Knobs {
 
 // kvouter_forward: per tile, per chunk c of the block
 //   s(p, row, c, tile)    = scale * q[row] . k[c*C + p]                 (reduction rd over D)
+//   att(p, e, c, tile)    = position c*C + p attended by edge e (SPEC section 2's mask)
 //   cmax(row, c, tile)    = max_p masked s
 //   pexp(p, row, c, tile) = exp(s - cmax) where attended, else 0
 //   cpv(d, row, c, tile)  = sum_p pexp * v[c*C + p][d]                 (reduction rp over C)
@@ -40,13 +41,14 @@ struct ForwardFuncs {
   Halide::Func kf{"kf"};        // (d, p, c, tile)         gathered K chunk
   Halide::Func vf{"vf"};        // (d, p, c, tile)         gathered V chunk
   Halide::Func s{"s"};          // (p, row, c, tile)       masked scaled scores
+  Halide::Func att{"att"};      // (p, e, c, tile)         bool: attended (inlined unless scheduled)
   Halide::Func cmax{"cmax"};    // (row, c, tile)
   Halide::Func pexp{"pexp"};    // (p, row, c, tile)
   Halide::Func cpv{"cpv"};      // (d, row, c, tile)
   Halide::Func csum{"csum"};    // (row, c, tile)
   Halide::Func st{"st"};        // (d, row, tile)          Tuple(o, m, l), online over chunks rc
   Halide::Func out{"out"};      // (ch, row, tile)         the packed partials (the Output)
-  Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"};
+  Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"}, e{"e"};
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions
   Halide::RDom rc;      // over chunks

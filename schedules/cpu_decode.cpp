@@ -36,6 +36,7 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   scores.unroll = 1;
   scores.rows = k.rows * k.unroll;  // positions per register tile
   register_tiled_product(f.s, f.row, f.p, f.rd.x, f.st, rc, scores);
+  f.att.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   f.cmax.compute_at(f.st, rc).vectorize(f.row, lanes, guard);
   f.cmax.update().reorder(f.row, f.rp.x).vectorize(f.row, lanes, guard);
   f.pexp.compute_at(f.st, rc).reorder_storage(f.row, f.p).reorder(f.row, f.p).vectorize(f.row, lanes, guard);

@@ -43,7 +43,7 @@ void lane_reduction(Func r, RVar rp, Var row, Func at, RVar at_var, int lanes) {
   RVar rpo("rpo"), rpi("rpi");
   Var v("v");
   Func part = r.update().split(rp, rpo, rpi, lanes).rfactor(rpi, v);
-  part.compute_at(at, at_var).vectorize(v);
+  part.compute_at(at, at_var).reorder_storage(v, row).vectorize(v);
   part.update().reorder(v, rpo, row).vectorize(v);
 }
 
@@ -59,6 +59,8 @@ void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
 
   // Scores (vectorised over positions) and P.V (over D), each in register tiles.
   register_tiled_product(f.s, f.p, f.row, f.rd.x, f.st, rc, k);
+  // The chunk's mask once per edge, read as vectors by cmax and pexp.
+  f.att.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   lane_reduction(f.cmax, f.rp.x, f.row, f.st, rc, k.vec);
   f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   lane_reduction(f.csum, f.rp.x, f.row, f.st, rc, k.vec);
