@@ -11,9 +11,12 @@
 // The row vector is the target's width, halved down to 4 lanes while it exceeds the tile's rows
 // where they are known (8 lanes for decode on AVX-512). Knobs: chunk, grain, vec (the P . V
 // vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled).
-// Measured 2026-12-02 (experiments/results/cpu/2026-12-02/bench_cpu_decode.json, cpu_decode.md
-// there), 2-core AMD EPYC Zen 3, AVX2: SPEC decode JIT 24.7 ms = 2.26x direct, 50 % of its
-// roofline bound (cpu_tiled 29.8 ms, 41 %); bfloat16 20.7 ms; the tuner's decode winner there.
+// Measured 2026-12-04 (experiments/results/cpu_bench.json, the build of 029c53a; experiments/
+// results/README.md), 2-core AMD EPYC Zen 3, AVX2, 28.9 GB/s: SPEC decode JIT and AOT 22.2 ms =
+// 2.5x direct, 42 % of its roofline bound (its K/V reads); the K and V chunk copies take about
+// 58 % of the forward, the products 31 % (experiments/results/cpu/2026-12-04/forward_overheads.md
+// method). bfloat16 1.2x and float16 1.2-1.4x faster (cpu/2026-12-04/dtype_bench.json). The
+// tuner's decode winner here.
 #include "schedules.h"
 
 namespace kvouter::pipeline {

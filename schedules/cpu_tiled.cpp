@@ -6,10 +6,11 @@
 //   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
 //     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
 //     accumulators stay in registers.
-// Measured 2026-12-02 (experiments/results/cpu_bench.json, run 1b3dfd9; experiments/results/
-// README.md), 2-core AMD EPYC Zen 4: SPEC prefill AOT 163 ms, JIT 178 ms = 2.4-2.6x direct; decode
-// (T = 1) AOT 38.3 ms, JIT 29.1 ms = 1.5-1.9x direct, 55-72 % of the paged-read bound
-// (experiments/results/cpu/2026-12-02/combine.md says where the forward's time goes).
+//   - cmax and csum reduce in vector lanes; the mask is computed once per chunk and edge.
+// Measured 2026-12-04 (experiments/results/cpu_bench.json, the build of 029c53a; experiments/
+// results/README.md), 2-core AMD EPYC Zen 3, AVX2, 201 GFLOP/s: SPEC prefill JIT 125.7 ms, AOT
+// 122.6 ms = 3.7-3.8x direct, 50-51 % of the FP32 peak; decode (T = 1) JIT 24.5 ms = 2.3x direct
+// (experiments/results/cpu/2026-12-04/forward_overheads.md says where the forward's time goes).
 #include "schedules.h"
 
 namespace kvouter::pipeline {
