@@ -114,15 +114,26 @@ class KvouterForward : public Generator<KvouterForward> {
     f.vf(d, p, c, tile) = widen(v_pages(d, pos % PS, h, phys));
     // SPEC §2: below the edge's limit (L_b and the causal bound, folded by the planner), inside
     // the block, on an allocated page.
-    // Per edge (query) of the tile, not per row: the query heads of one query share it.
+    // As a Func per edge (query) of the tile, not per row: the query heads of one query share it,
+    // and a manual schedule computes it once per chunk. The autoschedulers get the expression
+    // inline, the pipeline they were tuned and checked on (a stored bool would be an 8-bit buffer,
+    // which the Vulkan targets do not enable).
     Var e = f.e;
-    f.att(p, e, c, tile) = pos < min(tile_limit(clamp(e, 0, T - 1), tile), BS) && page >= 0;
-    Expr attended = f.att(p, edge, c, tile);
+    Expr attended, attended_r;
+    Expr pos_r = c * C + f.rp.x;
+    if (using_autoscheduler()) {
+      Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
+      attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
+      attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+    } else {
+      f.att(p, e, c, tile) = pos < min(tile_limit(clamp(e, 0, T - 1), tile), BS) && page >= 0;
+      attended = f.att(p, edge, c, tile);
+      attended_r = f.att(f.rp.x, edge, c, tile);
+    }
 
     const float kMasked = layout::kMaskedScore;
     f.s(p, row, c, tile) = 0.f;
     f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
-    Expr attended_r = f.att(f.rp.x, edge, c, tile);
     f.cmax(row, c, tile) = kMasked;
     f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
     f.pexp(p, row, c, tile) = select(attended, exp(f.s(p, row, c, tile) - f.cmax(row, c, tile)), 0.f);

@@ -41,7 +41,8 @@ struct ForwardFuncs {
   Halide::Func kf{"kf"};        // (d, p, c, tile)         gathered K chunk
   Halide::Func vf{"vf"};        // (d, p, c, tile)         gathered V chunk
   Halide::Func s{"s"};          // (p, row, c, tile)       masked scaled scores
-  Halide::Func att{"att"};      // (p, e, c, tile)         bool: attended (inlined unless scheduled)
+  Halide::Func att{"att"};      // (p, e, c, tile)         bool: attended (inlined unless scheduled;
+                                //                         undefined under an autoscheduler)
   Halide::Func cmax{"cmax"};    // (row, c, tile)
   Halide::Func pexp{"pexp"};    // (p, row, c, tile)
   Halide::Func cpv{"cpv"};      // (d, row, c, tile)
