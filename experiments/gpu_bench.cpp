@@ -199,7 +199,7 @@ int run(int argc, char** argv) {
   for (const auto& [shape_name, dtype] : shape_dtypes) {
     const std::string& shape = shape_name;
     const std::string label = dtype == Dtype::kFloat32 ? shape : shape + "@" + dtype_name(dtype);
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch t0;
     // Only the pages a selection reaches (CaseSpec::reachable_pages_only): gpu-decode's full pool
     // (2 x 17 GB) exceeds one Vulkan storage buffer (4 GiB on the H200) and Halide 21's int32
     // indexing, its selected pages (2 x 1.9 GB) do not; and filling the full pool cost about a
@@ -209,7 +209,7 @@ int run(int argc, char** argv) {
     spec.dtype = dtype;
     const Inputs in = make_case(spec);
     const int64_t pool_pages = in.block_tables.numel();  // one physical page per logical page
-    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double gen_s = t0.ms() / 1000.0;
     std::fprintf(stderr, "%s: generated in %.1f s; K/V pool %lld -> %lld pages\n", label.c_str(), gen_s,
                  static_cast<long long>(pool_pages), static_cast<long long>(in.k_pages.shape[0]));
     if (!case_dir.empty()) save_case(case_dir + "/" + label, in);

@@ -19,10 +19,6 @@ using json = nlohmann::json;
 using halide::DeviceKvCache;
 using halide::DeviceStepRunner;
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 json summary(const std::vector<double>& v) {
   return {{"median", median(v)}, {"p10", quantile(v, 0.1)}, {"p90", quantile(v, 0.9)}, {"all", v}};
 }
@@ -49,13 +45,13 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     r["decode_plan_on_device"] = opt.decode_plan_on_device < 0 ? DeviceStepRunner::default_decode_plan_on_device(opt.target)
                                                                : opt.decode_plan_on_device == 1;
   }
-  auto t0 = std::chrono::steady_clock::now();
+  Stopwatch t0;
   DeviceKvCache cache(opt.target, {N, H, PS, D, dt});
-  r["cache_setup_ms"] = ms_since(t0);  // allocation and clearing of both pools
+  r["cache_setup_ms"] = t0.ms();  // allocation and clearing of both pools
   r["segments"] = cache.segments();
   r["segment_pages"] = cache.segment_pages();
   // The case's pages, written once, in calls of at most 1024 pages.
-  t0 = std::chrono::steady_clock::now();
+  t0.restart();
   const int64_t page_elems = H * PS * D, eb = dtype_bytes(dt);
   std::vector<int32_t> ids;
   for (int64_t p0 = 0; p0 < P; p0 += 1024) {
@@ -71,7 +67,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                         StorageView(st.v_bits.data.data() + p0 * page_elems, {n, H, PS, D}, dt));
     }
   }
-  const double write_ms = ms_since(t0);
+  const double write_ms = t0.ms();
   r["write_pages_ms"] = write_ms;
   r["write_pages_gbps"] = 2.0 * static_cast<double>(P * page_elems * eb) / write_ms / 1e6;
 
@@ -110,9 +106,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   if (opt.decode_plan_on_device >= 0) runner.set_decode_plan_on_device(opt.decode_plan_on_device == 1);
   runner.set_q_ahead(opt.q_ahead);
   if (opt.resident_tables) {
-    t0 = std::chrono::steady_clock::now();
+    t0.restart();
     runner.write_block_tables(TensorView<const int32_t>(tables.data(), {B, maxp}));
-    r["write_tables_ms"] = ms_since(t0);
+    r["write_tables_ms"] = t0.ms();
   }
   Outputs out;
   auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
@@ -164,14 +160,14 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
         draw(&st.q.data[i], &bits);
         if (dt != Dtype::kFloat32) st.q_bits.data[i] = bits;
       }
-      const auto a0 = std::chrono::steady_clock::now();
+      const Stopwatch a0;
       const TensorView<const int32_t> pv(tok_page.data(), {B}), sv(tok_slot.data(), {B});
       if (dt == Dtype::kFloat32) {
         cache.write_tokens(pv, sv, StorageView(tk.data(), {B, H, D}), StorageView(tv.data(), {B, H, D}));
       } else {
         cache.write_tokens(pv, sv, StorageView(tk16.data(), {B, H, D}, dt), StorageView(tv16.data(), {B, H, D}, dt));
       }
-      append_ms.push_back(ms_since(a0));
+      append_ms.push_back(a0.ms());
     }
     halide::StepInputs s;
     s.q = dt == Dtype::kFloat32 ? StorageView(st.q.data.data(), {Tq, Hq, D}) : StorageView(st.q_bits.data.data(), {Tq, Hq, D}, dt);

@@ -21,6 +21,7 @@
 #include "registry.h"
 #include "roofline.h"
 #include "provenance.h"
+#include "kvouter/stats.h"
 
 namespace kvouter::experiments {
 
@@ -177,7 +178,7 @@ int run_sweep(const SweepOptions& opt) {
   std::filesystem::create_directories(std::filesystem::path(out).parent_path());
   std::ofstream log(out, std::ios::app);
   const Roofline roof = measure_roofline(0.3);
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch t0;
   std::string cached_shape;
   Inputs in;
   Outputs ref;
@@ -228,7 +229,7 @@ int run_sweep(const SweepOptions& opt) {
     }
     log << rec.dump() << "\n" << std::flush;
     ++n;
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double el = t0.ms() / 1000.0;
     std::printf("[%d/%zu] %-44s %-34s %s  ETA %4.0f s\n", n, todo.size(), sp.id().c_str(), run.id().c_str(),
                 rec.contains("time_ms") ? (std::to_string(rec["time_ms"]["median"].get<double>()).substr(0, 8) + " ms").c_str()
                                         : ("FAILED: " + rec.value("error", std::string("?")).substr(0, 60)).c_str(),

@@ -23,6 +23,7 @@
 #include "kvouter/vulkan_probe.h"
 #include "registry.h"
 #include "schedule_registry.h"
+#include "kvouter/stats.h"
 
 namespace kvouter::experiments {
 
@@ -188,7 +189,7 @@ int run_tune(const TuneOptions& opt) {
   const Outputs ref = reference::dense_attention<double>(in, prob);
   std::printf("tune %s (%s) on %s: %zu candidates, %zu already in %s\n", opt.shape.c_str(), shape.name.c_str(),
               opt.target.c_str(), space.size(), done.size(), log_path.c_str());
-  const auto t_start = std::chrono::steady_clock::now();
+  const Stopwatch t_start;
   int finished = 0;
   const int todo = static_cast<int>(std::count_if(space.begin(), space.end(), [&](const Candidate& c) { return !done.count(c.key()); }));
   for (const Candidate& c : space) {
@@ -233,7 +234,7 @@ int run_tune(const TuneOptions& opt) {
     rec["best_ms"] = best_ms < 1e300 ? best_ms : -1.0;
     log << rec.dump() << "\n" << std::flush;
     ++finished;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const double elapsed = t_start.ms() / 1000.0;
     const double eta = elapsed / finished * (todo - finished);
     std::printf("[%d/%d] %-16s %-40s %-9s %9s  best %8.3f ms  ETA %4.0f s\n", finished, todo, c.schedule.c_str(),
                 c.key().substr(c.schedule.size()).c_str(), status.substr(0, 8).c_str(),

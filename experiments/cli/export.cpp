@@ -85,26 +85,18 @@ int cmd_export(const std::vector<std::string>& a) {
       autos += " autoscheduler." + k + "=" + v;
     }
   }
-  std::string est_fwd, est_comb;
-  if (spec.tq) {
-    const std::string common = " est_tq=" + std::to_string(spec.tq) + " est_hq=" + std::to_string(spec.hq) +
-                               " est_hkv=" + std::to_string(spec.hkv);
-    est_fwd = common + " est_pages=" + std::to_string(spec.pages) + " est_tiles=" + std::to_string(spec.tiles);
-    est_comb = common + " est_topk=" + std::to_string(spec.topk) + " est_partials=" + std::to_string(spec.tiles * spec.T);
-  }
-  auto gen = [&](const std::string& generator, const std::string& fn, const std::string& extra) {
-    const std::string cmd = std::string(KVOUTER_GENERATOR_PATH) + " -g " + generator + " -f " + fn + " -o " + out +
-                            " -e static_library,c_header,stmt,schedule target=" + target + " schedule=" + schedule +
-                            " D=" + std::to_string(spec.D) + " qhead=" + std::to_string(spec.qhead) + extra + autos;
+  // The GeneratorParams as the JIT compiles with them (halide::generator_params).
+  const halide::GeneratorParams params_of = halide::generator_params(schedule, knobs, spec);
+  auto gen = [&](const std::string& generator, const std::string& fn, const std::map<std::string, std::string>& gp) {
+    std::string cmd = std::string(KVOUTER_GENERATOR_PATH) + " -g " + generator + " -f " + fn + " -o " + out +
+                      " -e static_library,c_header,stmt,schedule target=" + target;
+    for (const auto& [k, v] : gp) cmd += " " + k + "=" + v;
+    cmd += autos;
     std::printf("%s\n", cmd.c_str());
     if (std::system(cmd.c_str()) != 0) throw BackendError("export: the generator failed for " + fn);
   };
-  std::string fwd_extra = " page_size=" + std::to_string(spec.page_size) + " block_size=" + std::to_string(spec.block_size) +
-                          " storage=" + dtype_name(spec.dtype);
-  for (const auto& [k, v] : knobs) fwd_extra += " " + k + "=" + (k == "T" ? std::to_string(spec.T) : v);
-  gen("kvouter_forward", name + "_fwd", fwd_extra + est_fwd);
-  gen("kvouter_combine", name + "_comb",
-      " T=" + std::to_string(spec.T) + " vec=" + knobs.at("vec") + " grain=" + knobs.at("grain") + est_comb);
+  gen("kvouter_forward", name + "_fwd", params_of.forward);
+  gen("kvouter_combine", name + "_comb", params_of.combine);
   std::printf("exported %s_fwd and %s_comb (static library, header, .stmt, schedule) to %s\n", name.c_str(),
               name.c_str(), out.c_str());
   return 0;

@@ -11,6 +11,7 @@
 #include "kvouter/aot.h"
 #include "kvouter/cuda_pinned.h"
 #include "kvouter/cuda_probe.h"
+#include "kvouter/stats.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_copy.h"
 #include "kvouter/tile_layout.h"
@@ -21,15 +22,6 @@
 namespace kvouter::halide {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-double ms_since(clock_type::time_point& t) {
-  const auto now = clock_type::now();
-  const double ms = std::chrono::duration<double, std::milli>(now - t).count();
-  t = now;
-  return ms;
-}
 
 // Halide 21's Vulkan allocator corrupts or fails allocations whose byte size is not a multiple of
 // 64 (shared/notes/halide21-vulkan.md): every allocation and every copy here is whole 64-byte lines.
@@ -741,7 +733,7 @@ TensorView<const int32_t> DeviceStepRunner::block_tables() const {
 }
 
 void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
-  auto t = clock_type::now();
+  Stopwatch t;
   const DeviceCacheShape& cs = cache_.shape();
   // (The plan would name the pool's dtype, which the runner, not the caller, gives it.)
   if (s.q.dtype != cs.dtype) throw InputError("q", "dtype " + dtype_name(cs.dtype) + " (the cache's)", dtype_name(s.q.dtype));
@@ -785,11 +777,11 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     const Plan& plan = planner_.plan_on_device(in);
     prepare_with(plan, pick_(plan), s.q, true, &in);
     const double arrays_ms = timing_.upload_ms;
-    auto tq = clock_type::now();
+    Stopwatch tq;
     upload_q(s.q, nullptr);
     check(dev_sync(q_->buffer()), "uploads (sync)");
-    timing_.q_upload_ms = ms_since(tq);
-    const double wall = ms_since(t);
+    timing_.q_upload_ms = tq.lap_ms();
+    const double wall = t.lap_ms();
     timing_.plan_ms = std::min(plan.plan_ms + timing_.device_plan_ms, wall);
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
@@ -799,9 +791,9 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // On Vulkan, a q that the engine wrote into the runner's mapping goes up while the host plans
   // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
   // happens, the copy is waited for before the step returns or throws.
-  auto tq0 = clock_type::now();
+  Stopwatch tq0;
   const bool q_ahead = q_ahead_on_ && start_q_upload(s.q);
-  const double q_submit_ms = q_ahead ? ms_since(tq0) : 0.0;
+  const double q_submit_ms = q_ahead ? tq0.lap_ms() : 0.0;
   struct QWait {
     UploadBatch* batch;
     ~QWait() {
@@ -833,9 +825,9 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
           c.arrays_ms = c.self->timing_.upload_ms;
         }
       } else if (c.upload_q) {
-        auto tq = clock_type::now();
+        Stopwatch tq;
         c.self->upload_q(c.in->q, nullptr);
-        c.q_ms = ms_since(tq);
+        c.q_ms = tq.lap_ms();
       }
     } catch (...) {
       c.error[i] = std::current_exception();
@@ -851,16 +843,16 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     check(dev_sync(q_->buffer()), "uploads (sync)");
     // The plan's own time (with its device part); the uploads are the rest of the wall time (both
     // beside q's).
-    const double wall = ms_since(t);
+    const double wall = t.lap_ms();
     timing_.plan_ms = std::min(tasks.plan->plan_ms + timing_.device_plan_ms, wall);
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.q_upload_ms = tasks.q_ms;
     timing_.arrays_upload_ms = tasks.arrays_ms;
   } else {
-    const double plan_ms = ms_since(t) - q_submit_ms;
-    auto tq = clock_type::now();
+    const double plan_ms = t.lap_ms() - q_submit_ms;
+    Stopwatch tq;
     if (q_ahead) q_ahead_.finish();
-    const double q_wait_ms = ms_since(tq);
+    const double q_wait_ms = tq.lap_ms();
     prepare_with(*tasks.plan, *tasks.kernels, s.q, q_ahead, &in);
     timing_.plan_ms = plan_ms + timing_.device_plan_ms;
     timing_.upload_ms -= timing_.device_plan_ms;
@@ -918,7 +910,7 @@ void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) {
 void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded,
                                     const InputsView* in) {
   timing_ = StepTiming{};
-  auto t = clock_type::now();
+  Stopwatch t;
   if (kernels.device != cache_.device()) {
     throw BackendError("device step: " + kernels.description() + " runs on another device than the cache's (" + cache_.target() + ")");
   }
@@ -1004,7 +996,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   uploads_.flush();
   // (With q uploaded elsewhere, q's view may be changing on that thread: the caller syncs.)
   if (!q_uploaded) check(dev_sync(q_->buffer()), "uploads (sync)");
-  timing_.upload_ms = ms_since(t);
+  timing_.upload_ms = t.lap_ms();
 }
 
 void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView* in, Batch& bt, SegmentTiles& st) {
@@ -1019,7 +1011,7 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
   for (int64_t t = 0; t < p.Tq; ++t) h[n + t] = static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]);
   halide_buffer_t* ints = step_ints_->upload(h, count, {count}, &uploads_);
   uploads_.flush();
-  auto t = clock_type::now();
+  Stopwatch t;
   const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
   // The partial index as the kernel writes it: flat, padding rows included.
   const halide_buffer_t* pidx = bt.pidx.view({p.Tq, p.Hkv, p.topk});
@@ -1034,12 +1026,12 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
   // On CUDA the kernels run in stream order before q's copy and the forward (step() waits for q):
   // the time here is their issue; their run is in upload_ms. Elsewhere, to their end.
   if (!is_cuda_target(cache_.target())) check(dev_sync(bt.pidx.buffer()), "the decode plan (sync)");
-  timing_.device_plan_ms = ms_since(t);
+  timing_.device_plan_ms = t.lap_ms();
 }
 
 void DeviceStepRunner::launch() {
   if (!plan_) throw BackendError("device step: launch() before prepare()");
-  auto t = clock_type::now();
+  Stopwatch t;
   const Plan& plan = *plan_;
   const Kernels& k = *kernels_;
   const Problem& p = plan.problem;
@@ -1078,13 +1070,13 @@ void DeviceStepRunner::launch() {
     }
   }
   if (nb > 0) check(dev_sync(batches_[0]->combine_part), "forward (sync)");
-  timing_.forward_ms = ms_since(t);
+  timing_.forward_ms = t.lap_ms();
   for (int64_t b = 0; b < nb; ++b) {
     Batch& bt = *batches_[static_cast<size_t>(b)];
     check(k.combine(bt.combine_part, bt.pidx.buffer(), bt.out.buffer(), bt.lse.buffer()), "combine of " + k.description());
   }
   if (nb > 0) check(dev_sync(batches_[0]->out.buffer()), "combine (sync)");
-  timing_.combine_ms = ms_since(t);
+  timing_.combine_ms = t.lap_ms();
 }
 
 // A segmented pool: each segment's tiles (a tile per segment its pages reach, the other segments'
@@ -1203,7 +1195,7 @@ void DeviceStepRunner::read_outputs(const OutputsView& out) {
 }
 
 void DeviceStepRunner::read_into(const OutputsView& out, bool direct) {
-  auto t = clock_type::now();
+  Stopwatch t;
   const Problem& p = plan_->problem;
   if (p.Tq == 0) return;
   bool done = false;
@@ -1223,7 +1215,7 @@ void DeviceStepRunner::read_into(const OutputsView& out, bool direct) {
     bt.lse.download(out.lse.ptr() + bt.t0 * p.Hq, direct);
   }
   finish_lse(out.lse);
-  timing_.readback_ms = ms_since(t);
+  timing_.readback_ms = t.lap_ms();
 }
 
 }  // namespace kvouter::halide

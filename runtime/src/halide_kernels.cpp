@@ -44,10 +44,6 @@ Buffer<void> wrap_storage(const StorageView& v) {
   return Buffer<void>(storage_type(v.dtype), const_cast<void*>(v.data), halide_sizes(v.shape_vec()));
 }
 
-double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 void check_rc(int rc, const char* stage, const Kernels& k) {
   if (rc != 0) {
     throw BackendError(std::string("halide: ") + stage + " of " + k.description() + " failed with code " + std::to_string(rc));
@@ -70,24 +66,21 @@ struct RepTimes {
 // then kt.reps times, timed. Each callable synchronises with its device before returning.
 void run_timed(const KernelTiming& kt, bool warm, RepTimes& rt, const std::function<void()>& fwd,
                const std::function<void()>& comb) {
-  using clock = std::chrono::steady_clock;
   if (warm && kt.warmup_ms > 0) {
-    const auto w0 = clock::now();
+    const Stopwatch w;
     do {
       fwd();
       comb();
-    } while (ms_between(w0, clock::now()) < kt.warmup_ms);
+    } while (w.ms() < kt.warmup_ms);
   }
   rt.fwd.resize(static_cast<size_t>(std::max(kt.reps, 1)), 0.0);
   rt.comb.resize(rt.fwd.size(), 0.0);
   for (size_t r = 0; r < rt.fwd.size(); ++r) {
-    const auto t0 = clock::now();
+    Stopwatch t;
     fwd();
-    const auto t1 = clock::now();
+    rt.fwd[r] += t.lap_ms();
     comb();
-    const auto t2 = clock::now();
-    rt.fwd[r] += ms_between(t0, t1);
-    rt.comb[r] += ms_between(t1, t2);
+    rt.comb[r] += t.lap_ms();
   }
 }
 
@@ -99,8 +92,7 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
                    RunTiming* timing, const KernelTiming& kt) {
   if (!kernels.kit) throw BackendError("halide: " + kernels.description() + " runs on a device, but has no device kit");
   const Problem& p = plan.problem;
-  using clock = std::chrono::steady_clock;
-  auto t = clock::now();
+  Stopwatch t;
   double xfer = 0;
   DeviceKvCache cache(kernels.kit, {std::max<int64_t>(p.num_pages, 1), p.Hkv, p.page_size, p.D, p.dtype});
   std::vector<int32_t> pages;  // each page a tile reads, once
@@ -116,12 +108,12 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
   }
   DeviceStepRunner runner(cache, [&kernels](const Plan&) -> const Kernels& { return kernels; }, PlanOptions{});
   runner.prepare(plan, in.q);
-  xfer += ms_between(t, clock::now());
+  xfer += t.ms();
   if (kt.warmup_ms > 0) {
-    const auto w0 = clock::now();
+    const Stopwatch w;
     do {
       runner.launch();
-    } while (ms_between(w0, clock::now()) < kt.warmup_ms);
+    } while (w.ms() < kt.warmup_ms);
   }
   RepTimes rt;
   for (int r = 0; r < std::max(kt.reps, 1); ++r) {
@@ -129,9 +121,9 @@ void run_on_device(const Kernels& kernels, const Plan& plan, const InputsView& i
     rt.fwd.push_back(runner.timing().forward_ms);
     rt.comb.push_back(runner.timing().combine_ms);
   }
-  t = clock::now();
+  t.restart();
   runner.read_outputs(res);
-  xfer += ms_between(t, clock::now());
+  xfer += t.ms();
   rt.into(timing);
   timing->transfer_ms = xfer;
 }
@@ -158,96 +150,6 @@ void finish_lse(const TensorView<float>& lse) {
   }
 }
 
-Specialization Specialization::of(const Plan& plan) {
-  const Problem& p = plan.problem;
-  return {static_cast<int>(p.D), static_cast<int>(p.page_size), static_cast<int>(p.block_size),
-          static_cast<int>(p.qhead), static_cast<int>(plan.tiles.T), p.dtype};
-}
-
-Specialization Specialization::with_extents(const Plan& plan) const {
-  Specialization s = *this;
-  const Problem& p = plan.problem;
-  s.tq = std::max<int64_t>(p.Tq, 1);
-  s.hq = p.Hq;
-  // Mullapudi2016 fails (with an empty message) on an input estimate of extent 1; inputs only
-  // need an estimate of the right order, so these never drop below 2.
-  s.hkv = std::max<int64_t>(p.Hkv, 2);
-  s.pages = std::max<int64_t>(p.num_pages, 2);
-  s.tiles = std::max<int64_t>(plan.tiles.num_tiles, 1);
-  s.topk = std::max<int64_t>(p.topk, 2);
-  return s;
-}
-
-std::string Specialization::str() const {
-  std::ostringstream os;
-  os << "D=" << D << ",page_size=" << page_size << ",block_size=" << block_size << ",qhead=" << qhead << ",T=" << T;
-  if (dtype != Dtype::kFloat32) os << ",storage=" << dtype_name(dtype);
-  if (tq) os << ",est_tq=" << tq << ",est_hq=" << hq << ",est_hkv=" << hkv << ",est_pages=" << pages << ",est_tiles=" << tiles << ",est_topk=" << topk;
-  return os.str();
-}
-
-std::string variant_name(const std::string& schedule, const std::string& target, const Specialization& spec,
-                         const std::vector<std::pair<std::string, std::string>>& knobs) {
-  std::string name = "kvouter_" + schedule;
-  if (spec.D == 0 && spec.page_size == 0 && spec.block_size == 0 && spec.qhead == 0 && spec.T == 0) {
-    name += "_generic";
-  } else {
-    name += "_d" + std::to_string(spec.D) + "_p" + std::to_string(spec.page_size) + "_b" + std::to_string(spec.block_size) +
-            "_q" + std::to_string(spec.qhead) + "_t" + std::to_string(spec.T);
-  }
-  std::string suffix;
-  if (target != "host") suffix += "_" + target;
-  for (const auto& [k, v] : knobs) suffix += "_" + k + "_" + v;
-  if (spec.dtype != Dtype::kFloat32) suffix += "_storage_" + dtype_name(spec.dtype);
-  for (char& c : suffix) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return name + suffix;
-}
-
-std::string storage_target(const std::string& target, Dtype dtype) {
-  if (!is_vulkan_target(target) || dtype == Dtype::kFloat32) return target;
-  return target + (dtype == Dtype::kFloat16 ? "-vk_float16-vk_int16" : "-vk_int16");
-}
-
-const std::vector<std::string>& knob_names() {
-  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "slice"};
-  return names;
-}
-
-std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params) {
-  namespace kd = knob_defaults;
-  std::map<std::string, std::string> k = {{"T", std::to_string(kd::T)},         {"chunk", std::to_string(kd::chunk)},
-                                          {"vec", std::to_string(kd::vec)},     {"rows", std::to_string(kd::rows)},
-                                          {"unroll", std::to_string(kd::unroll)}, {"grain", std::to_string(kd::grain)},
-                                          {"slice", std::to_string(kd::slice)}};
-  for (const auto& [name, value] : params) {
-    if (!k.count(name)) {
-      std::string known;
-      for (const auto& n : knob_names()) known += (known.empty() ? "" : ", ") + n;
-      throw BackendError("--param " + name + ": unknown knob (known: " + known + ")");
-    }
-    long v = 0;
-    try {
-      size_t used = 0;
-      v = std::stol(value, &used);
-      if (used != value.size()) v = 0;
-    } catch (...) {
-      v = 0;
-    }
-    // 0: chosen by the planner / schedule (T, slice), the whole block (chunk), or sized to the
-    // target (vec, rows, unroll).
-    const long lowest = name == "grain" ? 1 : 0;
-    if (value.empty() || v < lowest || v > 4096 || (v == 0 && value != "0")) {
-      throw BackendError("--param " + name + ": expected an integer in [" + std::to_string(lowest) +
-                         ", 4096], got '" + value + "'");
-    }
-    k[name] = std::to_string(v);
-  }
-  return k;
-}
-
-int64_t tile_edges_of(const std::map<std::string, std::string>& knobs) { return std::stol(knobs.at("T")); }
 
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,
                     const KernelTiming& kt) {

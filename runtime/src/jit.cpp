@@ -16,6 +16,7 @@
 #include "kvouter/host_alloc.h"
 #include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
+#include "kvouter/stats.h"
 
 namespace kvouter::halide {
 
@@ -132,38 +133,15 @@ std::shared_ptr<const DeviceKit> jit_device_kit(const Halide::Target& target, co
 }
 
 std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch t0;
   Halide::Target target = to_target(req.target);
   const bool vulkan = target.has_feature(Halide::Target::Vulkan);  // to_target found the device
   if (vulkan) target = Halide::Target(storage_target(target.to_string(), req.spec.dtype));
 
-  Halide::GeneratorParamsMap fwd = {{"schedule", req.schedule},
-                                    {"D", std::to_string(req.spec.D)},
-                                    {"page_size", std::to_string(req.spec.page_size)},
-                                    {"block_size", std::to_string(req.spec.block_size)},
-                                    {"qhead", std::to_string(req.spec.qhead)},
-                                    {"storage", dtype_name(req.spec.dtype)}};
-  for (const auto& [k, v] : req.knobs) fwd[k] = v;
-  fwd["T"] = std::to_string(req.spec.T);  // the plan's T (the knob may say 0 = automatic)
-  Halide::GeneratorParamsMap comb = {{"schedule", req.schedule},
-                                     {"D", std::to_string(req.spec.D)},
-                                     {"qhead", std::to_string(req.spec.qhead)},
-                                     {"T", std::to_string(req.spec.T)}};
-  for (const char* k : {"vec", "grain"}) {
-    if (req.knobs.count(k)) comb[k] = req.knobs.at(k);
-  }
-  if (req.spec.tq) {
-    const Specialization& s = req.spec;
-    for (auto* m : {&fwd, &comb}) {
-      (*m)["est_tq"] = std::to_string(s.tq);
-      (*m)["est_hq"] = std::to_string(s.hq);
-      (*m)["est_hkv"] = std::to_string(s.hkv);
-    }
-    fwd["est_pages"] = std::to_string(s.pages);
-    fwd["est_tiles"] = std::to_string(s.tiles);
-    comb["est_topk"] = std::to_string(s.topk);
-    comb["est_partials"] = std::to_string(s.tiles * s.T);
-  }
+  const GeneratorParams params = generator_params(req.schedule, req.knobs, req.spec);
+  Halide::GeneratorParamsMap fwd, comb;
+  for (const auto& [k, v] : params.forward) fwd[k] = v;
+  for (const auto& [k, v] : params.combine) comb[k] = v;
   auto ck = std::make_shared<CompiledKernels>();
   try {
     Halide::Callable f = compile_generator(target, "kvouter_forward", fwd, req.autoscheduler);
@@ -189,7 +167,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
     }
   }
   ck->target = target.to_string();
-  ck->compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ck->compile_ms = t0.ms();
   return ck;
 }
 
@@ -239,10 +217,10 @@ class JitBackend final : public Backend {
     Specialization spec = Specialization::of(plan);
     if (!autoscheduler_.empty()) spec = spec.with_extents(plan);
     JitRequest req{schedule_, autoscheduler_, knobs_, target_, spec};
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch t0;
     auto ck = jit_compile(req);
     // Cache hits cost microseconds; only a real compile is reported as compile time.
-    const double waited = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double waited = t0.ms();
     timing_.compile_ms = waited > 1.0 ? ck->compile_ms : 0.0;
     try {
       run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_);

@@ -14,6 +14,7 @@
 #include "kvouter/errors.h"
 #include "kvouter/tile_layout.h"
 #include "thread_pool.h"
+#include "kvouter/stats.h"
 
 namespace kvouter {
 
@@ -872,10 +873,10 @@ const Plan& Planner::build(const InputsView& in, bool check_block_tables, bool o
 }
 
 const Plan& Planner::build_step(const InputsView& in, bool check_block_tables, bool on_device) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch t0;
   validate(in, &plan_.problem, check_block_tables);
   Plan& plan = plan_;
-  plan.validate_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  plan.validate_ms = t0.ms();
   const Problem& p = plan.problem;
   // A tile's largest device buffer share: its partials, or the GPU schedules' per-tile
   // intermediates (scores and weights: block x rows; the block's K: block x D).
@@ -910,7 +911,7 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables, b
       plan.tiles_on_device = device;
       plan.units = plan.edges = device ? -1 : units;
       plan.attended_pairs = device ? -1 : attended;
-      plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      plan.plan_ms = t0.ms();
       return plan;
     }
     // A bad table entry: the indexed plan below reports it.
@@ -947,7 +948,7 @@ const Plan& Planner::build_step(const InputsView& in, bool check_block_tables, b
   plan.units = plan.index.num_units();
   plan.edges = plan.index.num_edges();
   plan.attended_pairs = plan.index.attended_pairs;
-  plan.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  plan.plan_ms = t0.ms();
   return plan;
 }
 

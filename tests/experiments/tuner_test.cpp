@@ -125,6 +125,8 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan"));
   EXPECT_TRUE(keep(c("vulkan_fused", "8", "16", "4"), s, "host-vulkan", 48 * 1024));
   EXPECT_FALSE(keep(c("vulkan_fused", "8", "8", "2"), s, "host-vulkan"));  // a knob it ignores
+  EXPECT_EQ(pipeline::vulkan_fused_shared_bytes(8, 128, 16), 32800);  // as Halide allocated it (lavapipe)
+  EXPECT_FALSE(keep(c("vulkan_fused", "16", "8", "4"), s, "host-vulkan"));  // 32 bytes over lavapipe's
   // vulkan_onepass's at D 128, block 64 (schedules/vulkan_onepass.cpp): rows 16 is 28.8 KiB,
   // rows 32 is 49.1 KiB (fits neither); at block 128, rows 16 is 40.8 KiB (the H200 only).
   EXPECT_EQ(pipeline::vulkan_onepass_shared_bytes(16, 128, 128), 4 * 10448);  // as Halide allocated it

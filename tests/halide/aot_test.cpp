@@ -178,6 +178,48 @@ TEST(Aot, TwinsWereGeneratedWithTheJitsAutoschedulerParameters) {
   EXPECT_GT(twins, 0);
 }
 
+// The JIT, `kvouter export` and CMake's AOT variants give the generators the same parameters
+// (halide::generator_params): a parameter CMake leaves out must be the generator's default.
+TEST(Aot, VariantsWereGeneratedWithTheJitsGeneratorParams) {
+  auto to_map = [](const std::string& s) {
+    std::map<std::string, std::string> out;
+    size_t at = 0;
+    while (at < s.size()) {
+      const size_t comma = s.find(',', at);
+      const std::string kv = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      const size_t eq = kv.find('=');
+      if (eq != std::string::npos) out[kv.substr(0, eq)] = kv.substr(eq + 1);
+      at = comma == std::string::npos ? s.size() : comma + 1;
+    }
+    return out;
+  };
+  std::map<std::string, std::string> defaults = halide::checked_knobs({});
+  defaults["storage"] = "float32";
+  auto same = [&](const std::map<std::string, std::string>& want, const std::map<std::string, std::string>& got,
+                  const std::string& what) {
+    for (const auto& [k, v] : got) {
+      EXPECT_TRUE(want.count(k) && want.at(k) == v) << what << ": generated with " << k << "=" << v
+                                                    << (want.count(k) ? ", the rule gives " + want.at(k) : ", not in the rule");
+    }
+    for (const auto& [k, v] : want) {
+      if (got.count(k)) continue;
+      EXPECT_TRUE(defaults.count(k) && defaults.at(k) == v)
+          << what << ": the rule gives " << k << "=" << v << ", generated with the generator's default";
+    }
+  };
+  int checked = 0;
+  for (const auto& v : halide::aot_variants()) {
+    ASSERT_FALSE(v.forward_params.empty()) << v.name;
+    ASSERT_FALSE(v.combine_params.empty()) << v.name;
+    const halide::GeneratorParams want =
+        halide::generator_params(v.schedule, halide::checked_knobs(to_map(v.knobs)), v.spec);
+    same(want.forward, to_map(v.forward_params), v.name + " forward");
+    same(want.combine, to_map(v.combine_params), v.name + " combine");
+    ++checked;
+  }
+  EXPECT_GT(checked, 50);
+}
+
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));

@@ -29,6 +29,10 @@ struct AotVariant {
   // Autoscheduled twins: the autoscheduler's parameters they were generated with ("k=v,...";
   // aot_test checks them against halide::autoscheduler_params, which the JIT and export use).
   std::string autoscheduler_params = {};
+  // The GeneratorParams of the forward and the combine as generated ("k=v,..."; aot_test checks
+  // them against halide::generator_params, which the JIT and export use).
+  std::string forward_params = {};
+  std::string combine_params = {};
 };
 
 void aot_register(const AotVariant& v);

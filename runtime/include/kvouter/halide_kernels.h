@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kvouter/backend.h"
+#include "kvouter/variant.h"
 
 namespace kvouter::halide {
 
@@ -57,35 +58,6 @@ struct Kernels {
   std::string description() const { return origin + " " + name; }
 };
 
-// Shape constants a variant may be specialised on (0 = generic).
-struct Specialization {
-  int D = 0, page_size = 0, block_size = 0, qhead = 0, T = 0;
-  // The storage dtype of q, K and V: a variant is compiled for one, never generic over them.
-  Dtype dtype = Dtype::kFloat32;
-  // Extents that only autoscheduled twins specialise on (their estimates); 0 otherwise.
-  int64_t tq = 0, hq = 0, hkv = 0, pages = 0, tiles = 0, topk = 0;
-  Specialization with_extents(const Plan& plan) const;
-  static Specialization of(const Plan& plan);
-  std::string str() const;
-};
-
-// The name of a generated variant: kvouter_<schedule>_<generic | dD_pP_bB_qQ_tT>, then _<target> for
-// a target other than "host", _<knob>_<value> for each knob given (in the order given), and
-// _storage_<dtype> for 16-bit storage; every other character than [A-Za-z0-9_] becomes '_'.
-// generators/CMakeLists.txt names KVOUTER_AOT_CONFIGS the same way (aot_test checks every
-// registered variant), and `kvouter export` names its output so.
-std::string variant_name(const std::string& schedule, const std::string& target, const Specialization& spec,
-                         const std::vector<std::pair<std::string, std::string>>& knobs);
-
-// A Halide target string with what 16-bit storage needs on it: on Vulkan, 16-bit floats for float16
-// loads and 16-bit integers for both 16-bit dtypes (vk_float16, vk_int16); other targets as given.
-// The JIT and `kvouter export` use it; generators/CMakeLists.txt adds the same features.
-std::string storage_target(const std::string& target, Dtype dtype);
-
-// The knobs a schedule understands, as GeneratorParams (name -> value). T is the plan's tile size.
-const std::vector<std::string>& knob_names();
-std::map<std::string, std::string> checked_knobs(const std::map<std::string, std::string>& params);
-int64_t tile_edges_of(const std::map<std::string, std::string>& knobs);
 
 // q, K or V's Halide element type in their storage dtype: float32, float16, or bfloat16 as its
 // uint16 bits (the pipelines' input types, generators/kvouter_forward_generator.cpp).
