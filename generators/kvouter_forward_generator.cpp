@@ -118,15 +118,17 @@ class KvouterForward : public Generator<KvouterForward> {
     // and a manual schedule computes it once per chunk. The autoschedulers get the expression
     // inline, the pipeline they were tuned and checked on (a stored bool would be an 8-bit buffer,
     // which the Vulkan targets do not enable).
-    Var e = f.e;
+    // The mask of position x of chunk c for edge `ed`, stated once.
+    auto mask = [&](Expr x, Expr ed) {
+      Expr at = c * C + x;
+      return at < min(tile_limit(clamp(ed, 0, T - 1), tile), BS) && tile_pages(clamp(at / PS, 0, PPB - 1), tile) >= 0;
+    };
     Expr attended, attended_r;
-    Expr pos_r = c * C + f.rp.x;
     if (using_autoscheduler()) {
-      Expr page_r = tile_pages(clamp(pos_r / PS, 0, PPB - 1), tile);
-      attended = pos < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page >= 0;
-      attended_r = pos_r < min(tile_limit(clamp(edge, 0, T - 1), tile), BS) && page_r >= 0;
+      attended = mask(p, edge);
+      attended_r = mask(f.rp.x, edge);
     } else {
-      f.att(p, e, c, tile) = pos < min(tile_limit(clamp(e, 0, T - 1), tile), BS) && page >= 0;
+      f.att(p, f.e, c, tile) = mask(p, f.e);
       attended = f.att(p, edge, c, tile);
       attended_r = f.att(f.rp.x, edge, c, tile);
     }

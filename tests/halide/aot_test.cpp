@@ -220,6 +220,25 @@ TEST(Aot, VariantsWereGeneratedWithTheJitsGeneratorParams) {
   EXPECT_GT(checked, 50);
 }
 
+// CMake's AOT targets carry the features halide::storage_target adds for the variant's dtype (the
+// JIT's and export's rule), and no 16-bit feature a float32 variant does not need.
+TEST(Aot, VariantTargetsCarryTheStorageFeatures) {
+  int checked = 0;
+  for (const auto& v : halide::aot_variants()) {
+    ASSERT_FALSE(v.halide_target.empty()) << v.name;
+    const std::string added = halide::storage_target(v.target, v.spec.dtype).substr(v.target.size());
+    const std::string& t = v.halide_target;
+    EXPECT_TRUE(t.size() >= added.size() && t.compare(t.size() - added.size(), added.size(), added) == 0)
+        << v.name << ": generated for " << t << ", the rule adds '" << added << "'";
+    if (added.empty()) {
+      EXPECT_EQ(t.find("vk_float16"), std::string::npos) << v.name << ": " << t;
+      EXPECT_EQ(t.find("vk_int16"), std::string::npos) << v.name << ": " << t;
+    }
+    checked += !added.empty();
+  }
+  EXPECT_GT(checked, 4);  // the 16-bit Vulkan variants
+}
+
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));

@@ -33,6 +33,9 @@ struct AotVariant {
   // them against halide::generator_params, which the JIT and export use).
   std::string forward_params = {};
   std::string combine_params = {};
+  // The Halide target it was generated for, with its features (aot_test checks the 16-bit storage
+  // features against halide::storage_target, which the JIT and export use).
+  std::string halide_target = {};
 };
 
 void aot_register(const AotVariant& v);
