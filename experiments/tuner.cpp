@@ -73,6 +73,16 @@ ShapeClass ShapeClass::of(const Inputs& in) {
   return c;
 }
 
+// A result file as the database names it: relative to the working directory (the source tree, as
+// the CLI is run) where it lies inside it.
+static std::string source_relative(const std::string& path) {
+  std::error_code ec;
+  const auto abs = std::filesystem::weakly_canonical(path, ec);
+  const auto root = std::filesystem::weakly_canonical(std::filesystem::current_path(), ec);
+  const std::string a = abs.string(), r = root.string() + "/";
+  return a.rfind(r, 0) == 0 ? a.substr(r.size()) : path;
+}
+
 bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target, uint64_t max_shared_bytes) {
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(c.schedule);
   if (!info) return false;
@@ -249,7 +259,8 @@ int run_tune(const TuneOptions& opt) {
   json db = load_json(opt.db, json{{"entries", json::object()}});
   db["entries"][db_key(shape.name, opt.target)] = {{"schedule", best["schedule"]}, {"knobs", best["knobs"]},
                                                    {"median_ms", record_median_ms(best)}, {"shape", opt.shape},
-                                                   {"target_string", target}, {"updated", now_iso()}};
+                                                   {"target_string", target}, {"updated", now_iso()},
+                                                   {"source", source_relative(log_path)}};
   std::filesystem::create_directories(std::filesystem::path(opt.db).parent_path());
   std::ofstream(opt.db) << db.dump(1) << "\n";
   std::printf("winner for %s on %s: %s (%.3f ms); written to %s, log in %s\n", shape.name.c_str(), opt.target.c_str(),
