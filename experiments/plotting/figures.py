@@ -178,7 +178,7 @@ def fig_tuning_convergence(res: Results) -> tuple[Figure | None, str]:
         return None, "no tuning-log records"
     if not any(r["best_so_far_ms"] is not None for rows in series.values() for r in rows):
         return None, "no tuning trial finished with status 'ok'"
-    labels = {k: f"{k[0]} / {k[1]}" for k in series}
+    labels = {k: " / ".join(x for x in k if x) for k in series}
     colors = _colors(labels.values())
     fig = Figure(figsize=(8.5, 4.6), layout="constrained")
     ax = fig.subplots()

@@ -98,6 +98,7 @@ class TuneTrial:
     best_ms: float | None
     status: str
     synthetic: bool = False
+    machine: str = ""      # the host the trial ran on (the log's "machine")
 
     @property
     def ok(self) -> bool:
@@ -394,7 +395,8 @@ def _tune_trial(rec: dict, file: str) -> TuneTrial:
         file=file, shape_class=str(rec["shape_class"]), target=str(rec.get("target", "")),
         trial=int(rec["trial"]), schedule=str(rec.get("schedule", "")), knobs=dict(rec.get("knobs") or {}),
         median_ms=_record_median(rec), best_ms=_opt_float(rec.get("best_ms")),
-        status=str(rec.get("status", "ok")), synthetic=bool(rec.get("synthetic", False)))
+        status=str(rec.get("status", "ok")), synthetic=bool(rec.get("synthetic", False)),
+        machine=str(rec.get("machine", "")))
 
 
 def parse_benchmark_name(run_name: str) -> tuple[str, str, str]:

@@ -102,11 +102,12 @@ def gflops_rows(res: Results) -> list[dict]:
     return sorted(rows, key=lambda r: (order.index(r["shape"]), r["series"]))
 
 
-def tuning_series(res: Results) -> dict[tuple[str, str], list[dict]]:
-    """Per (shape_class, target): the trials in order, each with the best-so-far median."""
-    groups: dict[tuple[str, str], list[TuneTrial]] = {}
+def tuning_series(res: Results) -> dict[tuple[str, str, str], list[dict]]:
+    """Per (shape_class, target, machine): the trials in order, each with the best-so-far median (a
+    log holds every machine's trials; each tunes its own database entry)."""
+    groups: dict[tuple[str, str, str], list[TuneTrial]] = {}
     for t in res.trials:
-        groups.setdefault((t.shape_class, t.target), []).append(t)
+        groups.setdefault((t.shape_class, t.target, t.machine), []).append(t)
     out = {}
     for key, trials in groups.items():
         best, rows = None, []
@@ -120,12 +121,13 @@ def tuning_series(res: Results) -> dict[tuple[str, str], list[dict]]:
 
 
 def tuning_rows(res: Results) -> list[dict]:
-    """One summary line per (shape_class, target)."""
+    """One summary line per (shape_class, target, machine)."""
     rows = []
-    for (shape_class, target), trials in tuning_series(res).items():
+    for (shape_class, target, machine), trials in tuning_series(res).items():
         ok = [t for t in trials if t["status"] == "ok" and t["median_ms"] is not None]
         win = min(ok, key=lambda t: t["median_ms"]) if ok else None
-        rows.append({"shape_class": shape_class, "target": target, "trials": len(trials), "ok": len(ok),
+        rows.append({"shape_class": shape_class, "target": target, "machine": machine or "-",
+                     "trials": len(trials), "ok": len(ok),
                      "rejected": sum(t["status"].startswith("rejected") for t in trials),
                      "dropped": sum(t["status"] == "dropped" for t in trials),
                      "best_ms": win["median_ms"] if win else None, "best_trial": win["trial"] if win else None,
