@@ -40,7 +40,6 @@
 // --case-dir writes each shape's inputs (npy, as `kvouter run` reads them) and the first
 // schedule's outputs there, for experiments/torch_compare.py to run PyTorch on the same data.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

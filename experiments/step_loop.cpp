@@ -1,7 +1,6 @@
 #include "step_loop.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>

@@ -3,7 +3,6 @@
 #include <Halide.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>

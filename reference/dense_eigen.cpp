@@ -1,11 +1,11 @@
 #include "dense_eigen.h"
 
 #include <Eigen/Dense>
-#include <chrono>
 #include <cmath>
 #include <limits>
 
 #include "kvouter/errors.h"
+#include "kvouter/stats.h"
 
 namespace kvouter::reference {
 
@@ -99,9 +99,9 @@ class DenseBackend final : public Backend {
   std::string name() const override { return "dense"; }
   std::string schedule() const override { return "eigen-f32"; }
   Outputs run(const Plan& plan, const InputsView& in) override {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch t;
     Outputs o = dense_attention<float>(in, plan.problem);
-    timing_.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    timing_.forward_ms = t.ms();
     timing_.combine_ms = 0;
     return o;
   }

@@ -1,10 +1,10 @@
 #include "direct.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "kvouter/errors.h"
+#include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
 
 namespace kvouter::reference {
@@ -122,13 +122,11 @@ class DirectBackend final : public Backend {
   Outputs run(const Plan& plan, const InputsView& in) override {
     Partials parts = Partials::empty(plan);
     Outputs o = outputs_for(plan.problem);
-    const auto t0 = std::chrono::steady_clock::now();
+    Stopwatch t;
     direct_forward(plan, in, &parts);
-    const auto t1 = std::chrono::steady_clock::now();
+    timing_.forward_ms = t.lap_ms();
     combine_partials(plan, parts, o);
-    const auto t2 = std::chrono::steady_clock::now();
-    timing_.forward_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    timing_.combine_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+    timing_.combine_ms = t.lap_ms();
     return o;
   }
 };

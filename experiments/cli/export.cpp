@@ -14,6 +14,7 @@
 #include "kvouter/case_io.h"
 #include "kvouter/errors.h"
 #include "kvouter/jit.h"
+#include "kvouter/variant.h"
 #include "registry.h"
 #include "schedule_registry.h"
 #include "tuner.h"

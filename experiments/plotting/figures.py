@@ -198,7 +198,7 @@ def fig_tuning_convergence(res: Results) -> tuple[Figure | None, str]:
     ax.set_ylabel("median time (ms): best so far (line), each trial (dots)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    _title(fig, "Tuning convergence per (shape class, target)", res)
+    _title(fig, "Tuning convergence per (shape class, target, machine)", res)
     return fig, ""
 
 

@@ -99,6 +99,7 @@ class TuneTrial:
     status: str
     synthetic: bool = False
     machine: str = ""      # the host the trial ran on (the log's "machine")
+    halide: str = ""       # the Halide version it ran with (the tuner resumes per machine and version)
 
     @property
     def ok(self) -> bool:
@@ -396,7 +397,7 @@ def _tune_trial(rec: dict, file: str) -> TuneTrial:
         trial=int(rec["trial"]), schedule=str(rec.get("schedule", "")), knobs=dict(rec.get("knobs") or {}),
         median_ms=_record_median(rec), best_ms=_opt_float(rec.get("best_ms")),
         status=str(rec.get("status", "ok")), synthetic=bool(rec.get("synthetic", False)),
-        machine=str(rec.get("machine", "")))
+        machine=str(rec.get("machine", "")), halide=str(rec.get("halide_version", "")))
 
 
 def parse_benchmark_name(run_name: str) -> tuple[str, str, str]:

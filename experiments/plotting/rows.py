@@ -104,10 +104,12 @@ def gflops_rows(res: Results) -> list[dict]:
 
 def tuning_series(res: Results) -> dict[tuple[str, str, str], list[dict]]:
     """Per (shape_class, target, machine): the trials in order, each with the best-so-far median (a
-    log holds every machine's trials; each tunes its own database entry)."""
+    log holds every machine's trials; each machine and Halide version tunes its own database
+    entry, so the machine part names the version too where the log gives it)."""
     groups: dict[tuple[str, str, str], list[TuneTrial]] = {}
     for t in res.trials:
-        groups.setdefault((t.shape_class, t.target, t.machine), []).append(t)
+        machine = t.machine + (f", Halide {t.halide}" if t.halide else "")
+        groups.setdefault((t.shape_class, t.target, machine), []).append(t)
     out = {}
     for key, trials in groups.items():
         best, rows = None, []

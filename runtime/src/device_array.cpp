@@ -14,7 +14,6 @@
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_copy.h"
-#include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"

@@ -28,14 +28,14 @@ inline int64_t round64(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63
 // became a 192-byte array's, and copies into it overran it (the validation layer's
 // VUID-vkCmdCopyBuffer-size-00116; the JIT's kernels then read zeros; docs/vulkan.md limit 15).
 // No array is that small.
-constexpr int64_t kMinArrayBytes = 4096;
+inline constexpr int64_t kMinArrayBytes = 4096;
 
 // Rows per call of the scatter kernel: its grid's x extent, below the 65535 workgroups that some
 // devices allow (lavapipe, in every dimension).
-constexpr int64_t kMaxRowsPerCall = 32768;
+inline constexpr int64_t kMaxRowsPerCall = 32768;
 
 // Halide 21 indexes a buffer's elements with int32 (without large_buffers).
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 64;
+inline constexpr int64_t kMaxElements = (int64_t{1} << 31) - 64;
 
 inline void check(int rc, const std::string& what) {
   if (rc != 0) throw BackendError("device cache: " + what + " failed with code " + std::to_string(rc));

@@ -1,16 +1,11 @@
 #include "kvouter/halide_kernels.h"
 
-#include "kvouter/knobs.h"
-
 #include <HalideBuffer.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
-#include <chrono>
 #include <functional>
 #include <limits>
-#include <sstream>
 
 #include "kvouter/device_cache.h"
 #include "kvouter/errors.h"

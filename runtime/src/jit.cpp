@@ -3,7 +3,6 @@
 #include <Halide.h>
 #include <dlfcn.h>
 
-#include <chrono>
 #include <filesystem>
 #include <future>
 #include <mutex>

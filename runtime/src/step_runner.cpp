@@ -16,6 +16,7 @@
 #include "kvouter/host_copy.h"
 #include "kvouter/stats.h"
 #include "kvouter/tile_layout.h"
+#include "kvouter/variant.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/vulkan_readback.h"
 #include "thread_pool.h"

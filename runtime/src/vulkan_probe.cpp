@@ -104,7 +104,7 @@ void require_vulkan_device() {
     // down to 64 bytes: a kernel with 84 bytes of scalar arguments (the forward's, with its int32
     // tile arrays' strides last) then read zeros for them on lavapipe (robust buffer access), and
     // every edge looked empty. Rounding every region up to 64 bytes fixes it (measured, docs/vulkan.md
-    // limit 1). The device buffers are padded to 64 bytes as well (halide_kernels.cpp). A caller's
+    // limit 1). The device buffers are padded to 64 bytes as well (round64, device_detail.h). A caller's
     // own setting wins. Set here, once, before Halide's Vulkan runtime first reads it.
     setenv("HL_VK_ALLOC_CONFIG", kHalideVulkanAllocConfig, 0);
   });

@@ -10,6 +10,7 @@
 
 #include "kvouter/backend.h"
 #include "kvouter/halide_kernels.h"
+#include "kvouter/variant.h"
 
 namespace kvouter::halide {
 

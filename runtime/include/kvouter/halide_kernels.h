@@ -10,7 +10,7 @@
 #include <string>
 
 #include "kvouter/backend.h"
-#include "kvouter/variant.h"
+#include "kvouter/variant.h"  // Specialization, variant naming and knobs (moved there; included for their users)
 
 namespace kvouter::halide {
 
@@ -57,7 +57,6 @@ struct Kernels {
   // For errors: "aot <variant>" or "jit <key>".
   std::string description() const { return origin + " " + name; }
 };
-
 
 // q, K or V's Halide element type in their storage dtype: float32, float16, or bfloat16 as its
 // uint16 bits (the pipelines' input types, generators/kvouter_forward_generator.cpp).

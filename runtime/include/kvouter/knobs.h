@@ -1,6 +1,6 @@
 // The schedule knobs and their defaults, stated once: the Generators' GeneratorParams, the
 // schedules' Knobs (generators/kvouter_funcs.h) and the runtime's knob checking
-// (halide_kernels.cpp) all take them from here. No Halide here: the runtime includes it.
+// (runtime/src/variant.cpp) all take them from here. No Halide here: the runtime includes it.
 #pragma once
 
 namespace kvouter::knob_defaults {

@@ -1,5 +1,6 @@
 // The one definition of the statistics every timing in the project reports: `kvouter run`, the
-// kernels' repetitions, the benchmarks, the sweeps and the tuner all quote these, timed by one clock.
+// kernels' repetitions, the benchmarks, the sweeps and the tuner all quote these, timed by one clock
+// (the roofline's hardware probes keep their own).
 #pragma once
 
 #include <chrono>
