@@ -7,7 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
-//                     [--loop-staging copy,in_place,in_place_after_plan] [--loop-tables host,resident,resident-device,resident-host]
+//                     [--loop-staging copy,in_place,in_place_after_plan,overlapped<N>] [--loop-tables host,resident,resident-device,resident-host]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -29,7 +29,10 @@
 // q written into the runner's staging and out/lse read where the runner reads them back
 // (in_place: DeviceStepRunner::q_staging, read_outputs()); in_place_after_plan: the same with q's
 // upload after the plan (DeviceStepRunner::set_q_ahead(false); on Vulkan it otherwise goes up
-// while the host plans).
+// while the host plans); overlapped<N> (e.g. overlapped4): in_place through
+// DeviceStepRunner::step_and_read in N parts (on CUDA their copies overlap their kernels), each
+// step then run again phase by phase, whose kernels the step is measured against and whose
+// outputs it must equal bit for bit.
 // --loop-tables: the engine's block tables passed at each step (host), and/or written once into
 // the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles then built on
 // the device or the host as the runner's default for the target says; resident-device and
@@ -71,6 +74,18 @@ namespace kvouter::experiments {
 namespace {
 
 using json = nlohmann::json;
+
+// N of a --loop-staging "overlapped<N>", or -1.
+int overlap_parts_of(const std::string& staging) {
+  const std::string prefix = "overlapped";
+  if (staging.rfind(prefix, 0) != 0 || staging.size() == prefix.size() || staging.size() > prefix.size() + 3) return -1;
+  int n = 0;
+  for (char c : staging.substr(prefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n >= 1 ? n : -1;
+}
 
 // Datasheet figures for the H200 SXM (the targets are ratios to these).
 constexpr double kFp32PeakTflops = 67.0;
@@ -117,7 +132,7 @@ int run(int argc, char** argv) {
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
-          "                         [--loop-staging copy,in_place,in_place_after_plan]\n"
+          "                         [--loop-staging copy,in_place,in_place_after_plan,overlapped<N>]\n"
           "                         [--loop-tables host,resident,resident-device,resident-host]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
@@ -146,8 +161,8 @@ int run(int argc, char** argv) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
   }
   for (const auto& p : loop_staging) {
-    if (p != "copy" && p != "in_place" && p != "in_place_after_plan") {
-      throw InputError("--loop-staging", "copy, in_place and/or in_place_after_plan", p);
+    if (p != "copy" && p != "in_place" && p != "in_place_after_plan" && overlap_parts_of(p) <= 0) {
+      throw InputError("--loop-staging", "copy, in_place, in_place_after_plan and/or overlapped<N> (N >= 1)", p);
     }
   }
   for (const auto& p : loop_tables) {
@@ -339,6 +354,7 @@ int run(int argc, char** argv) {
             experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
             lo.in_place = staging != "copy";
             lo.q_ahead = staging != "in_place_after_plan";
+            lo.overlap_parts = std::max(overlap_parts_of(staging), 0);
             lo.resident_tables = tables != "host";
             lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
             try {
@@ -369,6 +385,7 @@ int run(int argc, char** argv) {
     }
     for (const auto& l : sd.value("loops", json::array())) {
       for (const auto& c : l.value("checks", json::array())) differs += !c.value("within_tolerance", true);
+      differs += !l.value("overlapped_equals_sequential", true);
     }
   }
   if (differs > 0) std::fprintf(stderr, "kvouter_gpu_bench: %d result(s) DIFFER from their reference\n", differs);

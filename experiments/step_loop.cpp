@@ -8,6 +8,7 @@
 #include "cli_util.h"
 #include "direct.h"
 #include "kvouter/device_cache.h"
+#include "kvouter/errors.h"
 #include "kvouter/stats.h"
 
 namespace kvouter::experiments {
@@ -40,6 +41,11 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
             {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : opt.q_ahead ? "in_place" : "in_place_after_plan"},
             {"tables", opt.resident_tables ? "resident" : "host"}};
+  if (opt.overlap_parts > 0) {
+    if (!opt.in_place) throw InputError("overlap_parts", "a loop with in_place staging", "copy staging");
+    r["staging"] = "overlapped";
+    r["overlap_parts"] = opt.overlap_parts;
+  }
   if (opt.resident_tables) {
     r["decode_plan_on_device"] = opt.decode_plan_on_device < 0 ? DeviceStepRunner::default_decode_plan_on_device(opt.target)
                                                                : opt.decode_plan_on_device == 1;
@@ -104,6 +110,10 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   DeviceStepRunner runner(cache, opt.schedule);
   if (opt.decode_plan_on_device >= 0) runner.set_decode_plan_on_device(opt.decode_plan_on_device == 1);
   runner.set_q_ahead(opt.q_ahead);
+  if (opt.overlap_parts > 0) runner.set_overlap_parts(opt.overlap_parts);
+  std::vector<double> overlapped_ms, seq_total_ms;
+  int parts_run = -1;                 // the overlapped steps' parts (-1: none ran)
+  bool overlapped_equal = true;       // every overlapped step's outputs, bit for bit the sequential one's
   if (opt.resident_tables) {
     t0.restart();
     runner.write_block_tables(TensorView<const int32_t>(tables.data(), {B, maxp}));
@@ -189,9 +199,42 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     s.causal = st.causal;
     s.softmax_scale = st.softmax_scale;
     // The engine checks the table entries where it writes them (appends use held pages only).
-    runner.step(s, false);
-    if (step == 0) out = outputs_for(runner.plan().problem);
-    if (opt.in_place) {
+    if (opt.overlap_parts > 0) {
+      const OutputsView v = runner.step_and_read(s, false);
+      const halide::StepTiming ov = runner.timing();
+      if (step == 0) out = outputs_for(runner.plan().problem);
+      std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
+      std::copy(v.lse.ptr(), v.lse.ptr() + out.lse.numel(), out.lse.data.begin());
+      overlapped_ms.push_back(ov.overlapped_ms);
+      parts_run = step == 0 ? ov.overlap_parts : std::min(parts_run, ov.overlap_parts);
+      // The same step again, phase by phase (q written into the staging again, as the engine
+      // would): the kernels the overlapped step is measured against.
+      const void* drawn = dt == Dtype::kFloat32 ? static_cast<const void*>(st.q.data.data()) : st.q_bits.data.data();
+      std::memcpy(runner.q_staging(Tq, Hq), drawn, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+      runner.step(s, false);
+      const OutputsView w = runner.read_outputs();
+      overlapped_equal = overlapped_equal &&
+                         std::memcmp(w.out.ptr(), out.out.data.data(), out.out.data.size() * sizeof(float)) == 0 &&
+                         std::memcmp(w.lse.ptr(), out.lse.data.data(), out.lse.data.size() * sizeof(float)) == 0;
+      seq_total_ms.push_back(runner.timing().total_ms());
+      plan_ms.push_back(ov.plan_ms);
+      upload_ms.push_back(ov.upload_ms);
+      device_plan_ms.push_back(ov.device_plan_ms);
+      validate_ms.push_back(runner.plan().validate_ms);
+      arrays_ms.push_back(ov.arrays_upload_ms);
+      const halide::StepTiming& t = runner.timing();
+      q_upload_ms.push_back(t.q_upload_ms);
+      fwd_ms.push_back(t.forward_ms);
+      comb_ms.push_back(t.combine_ms);
+      kernel_ms.push_back(t.forward_ms + t.combine_ms);
+      read_ms.push_back(t.readback_ms);
+      total_ms.push_back(ov.total_ms());
+    } else {
+      runner.step(s, false);
+    }
+    if (step == 0 && opt.overlap_parts == 0) out = outputs_for(runner.plan().problem);
+    if (opt.overlap_parts > 0) {
+    } else if (opt.in_place) {
       const OutputsView v = runner.read_outputs();
       if (step == 0 || step + 1 == opt.steps) {  // the checked steps' outputs, outside the step
         std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
@@ -201,6 +244,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
       runner.read_outputs(out);
     }
     const halide::StepTiming& t = runner.timing();
+    if (opt.overlap_parts > 0) {
+      // (recorded above)
+    } else {
     plan_ms.push_back(t.plan_ms);
     device_plan_ms.push_back(t.device_plan_ms);
     upload_ms.push_back(t.upload_ms);
@@ -212,6 +258,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     kernel_ms.push_back(t.forward_ms + t.combine_ms);
     read_ms.push_back(t.readback_ms);
     total_ms.push_back(t.total_ms());
+    }
     if ((check_with_direct || reference) && (step == 0 || step + 1 == opt.steps)) {
       ErrorReport e;
       if (check_with_direct) {
@@ -242,6 +289,14 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["kernel_ms"] = summary(kernel_ms);
   r["readback_ms"] = summary(read_ms);
   r["step_ms"] = summary(total_ms);  // plan + uploads + kernels + readback
+  if (opt.overlap_parts > 0) {
+    // step_ms: the overlapped steps (plan + uploads + overlapped_ms); the phases from forward_ms
+    // on: the same steps run again phase by phase (sequential_step_ms).
+    r["overlapped_ms"] = summary(overlapped_ms);
+    r["sequential_step_ms"] = summary(seq_total_ms);
+    r["overlap_parts_run"] = parts_run;
+    r["overlapped_equals_sequential"] = overlapped_equal;
+  }
   r["step_over_kernels"] = median(total_ms) / median(kernel_ms);
   r["plan_over_kernels"] = median(plan_ms) / median(kernel_ms);
   r["checks"] = checks;
@@ -257,6 +312,13 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,
                median(total_ms) / median(kernel_ms), median(validate_ms), median(device_plan_ms), median(q_upload_ms), median(arrays_ms));
+  if (opt.overlap_parts > 0) {
+    std::fprintf(stderr,
+                 "  overlapped in %d parts: step %.3f ms = plan %.3f + upload %.3f + overlapped %.3f; the same steps phase by "
+                 "phase (the phases above from kernels on): %.3f; step/kernels %.2f; outputs bit for bit the same: %s\n",
+                 parts_run, median(total_ms), median(plan_ms), median(upload_ms), median(overlapped_ms), median(seq_total_ms),
+                 median(total_ms) / median(kernel_ms), overlapped_equal ? "yes" : "NO");
+  }
   for (const auto& c : checks) {
     std::fprintf(stderr, "  step %d vs %s: %s (out %.3g, lse %.3g)\n", c["step"].get<int>(), check_with_direct ? "direct" : "the benchmark's run",
                  c["within_tolerance"].get<bool>() ? "matches" : "DIFFERS", c["max_out_err"].get<double>(),

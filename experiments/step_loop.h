@@ -29,6 +29,11 @@ struct StepLoopOptions {
   // With resident tables: decode steps planned on the device (1), on the host (0), or as the
   // runner's default for the target (-1; DeviceStepRunner::default_decode_plan_on_device).
   int decode_plan_on_device = -1;
+  // With in_place: each step through DeviceStepRunner::step_and_read with this many parts
+  // (set_overlap_parts; CUDA overlaps their copies and kernels), then the same step again with
+  // its phases one by one (step(), read_outputs()), whose kernels the overlapped step is measured
+  // against and whose outputs it must equal bit for bit. 0: step() alone.
+  int overlap_parts = 0;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

@@ -10,7 +10,7 @@
 
 #include "device_detail.h"
 #include "kvouter/aot.h"
-#include "kvouter/cuda_pinned.h"
+#include "kvouter/cuda_driver.h"
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_copy.h"

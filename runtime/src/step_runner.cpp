@@ -5,12 +5,13 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <numeric>
 
 #include "device_detail.h"
 #include "kvouter/aot.h"
-#include "kvouter/cuda_pinned.h"
+#include "kvouter/cuda_driver.h"
 #include "kvouter/cuda_probe.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_copy.h"
@@ -119,6 +120,21 @@ void DeviceStepRunner::init(PlanOptions o) {
   decode_plan_on_device_ = default_decode_plan_on_device(cache_.target());
   q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
   host_out_ = std::make_unique<PinnedHost>(cache_.array_spec().pin);
+  overlap_parts_ = default_overlap_parts(cache_.target());
+}
+
+int DeviceStepRunner::default_overlap_parts(const std::string& target) {
+  // Measured 2026-12-04 (H200, gpu-decode, 64-step loops on resident tables, medians, each count
+  // run twice in one call; experiments/results/gpu/2026-12-04/gpu_bench_loop_overlap_final.json):
+  // 2 parts 0.817 / 0.816 ms a step in float32 (3: 0.822 / 0.877, 4: 0.815 / 0.828) and 0.770 /
+  // 0.766 in bfloat16 (3: 0.786 / 0.785, 4: 0.789 / 0.800), against 0.970 / 0.929 and 0.883 /
+  // 0.897 phase by phase (step()). Vulkan never runs in parts.
+  return is_cuda_target(target) ? 2 : 1;
+}
+
+void DeviceStepRunner::set_overlap_parts(int parts) {
+  if (parts < 1) throw InputError("overlap_parts", "at least 1", std::to_string(parts));
+  overlap_parts_ = parts;
 }
 
 DeviceStepRunner::~DeviceStepRunner() = default;
@@ -217,7 +233,14 @@ TensorView<const int32_t> DeviceStepRunner::block_tables() const {
   return TensorView<const int32_t>(tables_host_.data(), {tables_B_, tables_width_});
 }
 
-void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
+void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) { step_with(s, check_block_tables, false); }
+
+OutputsView DeviceStepRunner::step_and_read(const StepInputs& s, bool check_block_tables) {
+  if (step_with(s, check_block_tables, true)) return last_outputs_;
+  return read_outputs();
+}
+
+bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
   Stopwatch t;
   const DeviceCacheShape& cs = cache_.shape();
   // (The plan would name the pool's dtype, which the runner, not the caller, gives it.)
@@ -256,12 +279,44 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   // A decode step's tiles are built on the device where its tables are (one segment: the
   // device plan addresses one pool).
   const bool on_device = s.resident_tables && decode_plan_on_device_ && cache_.segments() == 1 && cache_.kit().decode_plan;
+  // step_and_read on CUDA: after the plan and its arrays, q's rows go up in parts on the runner's
+  // streams, each part's kernels and read-back behind its rows (launch_overlapped). (Ahead of the
+  // plan, q's copies held up the plan's arrays on the same copy engine: 0.09-0.14 ms of upload
+  // instead of 0.03, experiments/results/gpu/2026-12-04/gpu_bench_loop_overlap_q_ahead.json.)
+  const bool overlap = overlap_asked && is_cuda_target(cache_.target()) && overlap_parts_ > 1 && cache_.segments() == 1 &&
+                       s.q.data != nullptr && s.q.data == q_->host_data();
+  // A decode plan built on the device goes on the first part's stream (its selection's copy
+  // asynchronous there, the kernel behind it), which the other parts then wait for.
+  plan_on_stream_ = overlap && on_device && ensure_streams(s.q);
+  struct Unset {
+    DeviceStepRunner* self;
+    ~Unset() {
+      // A step that throws with the plan's copy or kernel on the stream waits for them (the
+      // selection's staging is the next step's).
+      if (self->plan_on_stream_ && std::uncaught_exceptions() > 0) {
+        try {
+          self->streams_->sync(0);
+        } catch (...) {  // (an exception is already on its way)
+        }
+      }
+      self->plan_on_stream_ = false;
+    }
+  } unset{this};
   if (on_device && is_cuda_target(cache_.target())) {
     // In stream order: the selection's upload and the decode plan ahead of q's DMA, so that q's
     // copy is the only wait before the forward (beside it, the plan would wait for q's copy).
     const Plan& plan = planner_.plan_on_device(in);
     prepare_with(plan, pick_(plan), s.q, true, &in);
     const double arrays_ms = timing_.upload_ms;
+    if (overlap && overlappable(plan)) {
+      const double wall = t.lap_ms();
+      timing_.plan_ms = std::min(plan.plan_ms + timing_.device_plan_ms, wall);
+      timing_.upload_ms = wall - timing_.plan_ms;
+      timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
+      launch_overlapped(s.q);
+      return true;
+    }
+    if (plan_on_stream_) streams_->sync(0);  // (the plan on the stream; the kernels below on Halide's)
     Stopwatch tq;
     upload_q(s.q, nullptr);
     check(dev_sync(q_->buffer()), "uploads (sync)");
@@ -271,7 +326,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
     launch();
-    return;
+    return false;
   }
   // On Vulkan, a q that the engine wrote into the runner's mapping goes up while the host plans
   // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
@@ -292,12 +347,14 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
   struct Tasks {
     DeviceStepRunner* self;
     const InputsView* in;
-    bool check_block_tables, upload_q, on_device;
+    // upload_q: CUDA, the plan's arrays uploaded by the plan's task; q_beside: q's upload beside it.
+    bool check_block_tables, upload_q, q_beside, on_device;
     const Plan* plan = nullptr;
     const Kernels* kernels = nullptr;
     std::exception_ptr error[2];
     double q_ms = 0, arrays_ms = 0;
-  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), on_device, nullptr, nullptr, {}, 0, 0};
+  } tasks{this, &in, check_block_tables, is_cuda_target(cache_.target()), is_cuda_target(cache_.target()) && !overlap,
+          on_device, nullptr, nullptr, {}, 0, 0};
   halide_task_t task = [](void*, int i, uint8_t* closure) -> int {
     Tasks& c = *reinterpret_cast<Tasks*>(closure);
     try {
@@ -309,7 +366,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
           c.self->prepare_with(*c.plan, *c.kernels, c.in->q, true, c.in);
           c.arrays_ms = c.self->timing_.upload_ms;
         }
-      } else if (c.upload_q) {
+      } else if (c.q_beside) {
         Stopwatch tq;
         c.self->upload_q(c.in->q, nullptr);
         c.q_ms = tq.lap_ms();
@@ -319,12 +376,28 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     }
     return 0;
   };
-  const int err = tasks.upload_q ? detail::par_for(task, 2, &tasks) : task(nullptr, 0, reinterpret_cast<uint8_t*>(&tasks));
+  const int err = tasks.q_beside ? detail::par_for(task, 2, &tasks) : task(nullptr, 0, reinterpret_cast<uint8_t*>(&tasks));
   for (const std::exception_ptr& e : tasks.error) {
     if (e) std::rethrow_exception(e);  // the plan's error first
   }
   if (err != 0) throw std::runtime_error("device step: Halide's thread pool failed with " + std::to_string(err));
-  if (tasks.upload_q) {
+  if (tasks.upload_q && !tasks.q_beside) {
+    // step_and_read's overlapped step: q goes up in parts after the plan; or, where the plan cannot
+    // run in parts, whole, now.
+    const double wall = t.lap_ms();
+    timing_.plan_ms = std::min(tasks.plan->plan_ms + timing_.device_plan_ms, wall);
+    timing_.upload_ms = wall - timing_.plan_ms;
+    timing_.arrays_upload_ms = tasks.arrays_ms;
+    if (overlappable(*tasks.plan)) {
+      launch_overlapped(s.q);
+      return true;
+    }
+    Stopwatch tq;
+    upload_q(s.q, nullptr);
+    check(dev_sync(q_->buffer()), "uploads (sync)");
+    timing_.q_upload_ms = tq.lap_ms();
+    timing_.upload_ms += timing_.q_upload_ms;
+  } else if (tasks.upload_q) {
     check(dev_sync(q_->buffer()), "uploads (sync)");
     // The plan's own time (with its device part); the uploads are the rest of the wall time (both
     // beside q's).
@@ -349,6 +422,7 @@ void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) {
     }
   }
   launch();
+  return false;
 }
 
 void DeviceStepRunner::upload_q(const StorageView& sq, UploadBatch* batch) {
@@ -494,8 +568,18 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
   auto* h = static_cast<int32_t*>(step_ints_->host_data());
   std::memcpy(h, in->selected.data, static_cast<size_t>(n) * sizeof(int32_t));
   for (int64_t t = 0; t < p.Tq; ++t) h[n + t] = static_cast<int32_t>(p.kv_len[static_cast<size_t>(t)]);
-  halide_buffer_t* ints = step_ints_->upload(h, count, {count}, &uploads_);
-  uploads_.flush();
+  halide_buffer_t* ints = nullptr;
+  if (plan_on_stream_) {
+    // (The staging is page-locked: a DMA that the host does not wait for; the step's end waits
+    // for the stream.)
+    ints = step_ints_->view({count});
+    const int64_t bytes = step_ints_->view_bytes();
+    host_copy(reinterpret_cast<uint8_t*>(h) + count * 4, nullptr, bytes - count * 4);
+    streams_->to_device(0, ints->device, h, static_cast<size_t>(bytes));
+  } else {
+    ints = step_ints_->upload(h, count, {count}, &uploads_);
+    uploads_.flush();
+  }
   Stopwatch t;
   const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
   // The partial index as the kernel writes it: flat, padding rows included.
@@ -504,10 +588,13 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
   halide_dimension_t flat_dim{0, static_cast<int32_t>(pidx->number_of_elements()), 1, 0};
   flat.dim = &flat_dim;
   flat.dimensions = 1;
-  check(cache_.kit().decode_plan(ints, tables_->buffer(), i32(p.Tq), i32(p.Hkv), i32(p.topk), i32(p.block_size),
-                                 i32(p.page_size), i32(p.num_pages), st.pages.view({n, p.ppb}), st.limit.view({n, 1}),
-                                 &flat),
-        "the decode plan");
+  {
+    CudaStreamScope scope(plan_on_stream_ ? streams_->context() : nullptr, plan_on_stream_ ? streams_->stream(0) : nullptr);
+    check(cache_.kit().decode_plan(ints, tables_->buffer(), i32(p.Tq), i32(p.Hkv), i32(p.topk), i32(p.block_size),
+                                   i32(p.page_size), i32(p.num_pages), st.pages.view({n, p.ppb}), st.limit.view({n, 1}),
+                                   &flat),
+          "the decode plan");
+  }
   // On CUDA the kernels run in stream order before q's copy and the forward (step() waits for q):
   // the time here is their issue; their run is in upload_ms. Elsewhere, to their end.
   if (!is_cuda_target(cache_.target())) check(dev_sync(bt.pidx.buffer()), "the decode plan (sync)");
@@ -636,7 +723,12 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
 
 OutputsView DeviceStepRunner::read_outputs() {
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
-  const Problem& p = plan_->problem;
+  const OutputsView v = own_outputs(plan_->problem);
+  read_into(v, true);
+  return v;
+}
+
+OutputsView DeviceStepRunner::own_outputs(const Problem& p) {
   const size_t n_out = static_cast<size_t>(p.Tq * p.Hq * p.D), n_lse = static_cast<size_t>(p.Tq * p.Hq);
   const size_t floats = std::max<size_t>(n_out + n_lse, 1);
   const size_t bytes = (floats + floats / 4) * sizeof(float);
@@ -647,9 +739,151 @@ OutputsView DeviceStepRunner::read_outputs() {
     base = static_cast<float*>(out_mapped_->reserve(static_cast<int64_t>(bytes)));
   }
   if (!base) base = reinterpret_cast<float*>(host_out_->reserve(bytes));
-  OutputsView v(TensorView<float>(base, {p.Tq, p.Hq, p.D}), TensorView<float>(base + n_out, {p.Tq, p.Hq}));
-  read_into(v, true);
-  return v;
+  return OutputsView(TensorView<float>(base, {p.Tq, p.Hq, p.D}), TensorView<float>(base + n_out, {p.Tq, p.Hq}));
+}
+
+namespace {
+
+// Rows [r0, r1) of a device view's outermost dimension, as a view of their own from row 0 (the
+// device address moved to r0: CUDA's pointer arithmetic), with no host memory.
+halide_buffer_t rows_of(const halide_buffer_t& v, int64_t r0, int64_t r1, halide_dimension_t* dims) {
+  halide_buffer_t b = v;
+  for (int i = 0; i < v.dimensions; ++i) dims[i] = v.dim[i];
+  halide_dimension_t& outer = dims[v.dimensions - 1];
+  b.device = v.device + static_cast<uint64_t>(r0 * outer.stride * v.type.bytes());
+  outer.min = 0;
+  outer.extent = static_cast<int32_t>(r1 - r0);
+  b.dim = dims;
+  b.host = nullptr;
+  b.flags = 0;
+  return b;
+}
+
+}  // namespace
+
+// Part i of `parts` of Tq queries, in units of 16 (the arrays' padded rows, DeviceArray's
+// whole_rows; the last part runs to Tq). With three parts or more the first and the last are one
+// unit each and the others share the rest evenly: only the first part's q rows and the last
+// part's out/lse rows are not hidden behind kernels, and they are then the fewest.
+std::pair<int64_t, int64_t> DeviceStepRunner::overlap_part(int64_t i, int64_t parts, int64_t Tq) {
+  const int64_t units = (Tq + 15) / 16;
+  auto start = [&](int64_t j) -> int64_t {  // the first unit of part j (j = parts: units)
+    if (parts < 3 || units < parts) return units * j / parts;
+    if (j == 0) return 0;
+    if (j == parts) return units;
+    return 1 + (units - 2) * (j - 1) / (parts - 2);
+  };
+  return {start(i) * 16, i + 1 == parts ? Tq : start(i + 1) * 16};
+}
+
+bool DeviceStepRunner::ensure_streams(const StorageView& sq) {
+  if (sq.rank != 3 || sq.shape[0] < 32 || !q_->fits(sq.shape_vec())) return false;
+  const int64_t parts = std::min<int64_t>(overlap_parts_, (sq.shape[0] + 15) / 16);
+  const uint64_t dev = q_->view(sq.shape_vec())->device;
+  if (!streams_ || streams_->size() < parts || !streams_->owns(dev)) {
+    streams_.reset();
+    streams_ = std::make_unique<CudaStreams>(dev, static_cast<int>(parts));
+  }
+  return true;
+}
+
+void DeviceStepRunner::start_overlapped_q(const StorageView& sq) {
+  const DeviceCacheShape& cs = cache_.shape();
+  if (!q_->fits(sq.shape_vec())) {  // (prepare_with checked q's shape against the plan's)
+    throw InputError("q", "a view of the runner's q staging within the shape q_staging() was given", shape_str(sq.shape_vec()));
+  }
+  const int64_t Tq = sq.shape[0], parts = std::min<int64_t>(overlap_parts_, (Tq + 15) / 16);
+  halide_buffer_t* q = q_->view(sq.shape_vec());
+  const int64_t row_bytes = sq.shape[1] * cs.D * dtype_bytes(cs.dtype);
+  const int64_t used = Tq * row_bytes, padded = q_->view_bytes();
+  auto* host = static_cast<uint8_t*>(q_->host_data());
+  host_copy(host + used, nullptr, padded - used);  // the padding rows, zeros
+  ensure_streams(sq);
+  for (int64_t i = 0; i < parts; ++i) {
+    const auto [t0, t1] = overlap_part(i, parts, Tq);
+    const int64_t end = i + 1 == parts ? padded : t1 * row_bytes;
+    streams_->to_device(static_cast<int>(i), q->device + static_cast<uint64_t>(t0 * row_bytes), host + t0 * row_bytes,
+                        static_cast<size_t>(end - t0 * row_bytes));
+  }
+  q_parts_ = parts;
+}
+
+bool DeviceStepRunner::overlappable(const Plan& plan) const {
+  const Problem& p = plan.problem;
+  return plan.decode_layout && std::max<int64_t>(plan.tiles.T, 1) == 1 && used_batches_ == 1 &&
+         cache_.segments() == 1 && batches_[0]->seg[0]->n == p.Tq * p.Hkv * p.topk && batches_[0]->t0 == 0 &&
+         batches_[0]->t1 == p.Tq && p.Tq >= 32 && overlap_parts_ > 1;
+}
+
+void DeviceStepRunner::launch_overlapped(const StorageView& sq) {
+  Stopwatch t;
+  // Every part's rows first: the copy engine runs them back to back while the host launches the
+  // kernels behind them.
+  start_overlapped_q(sq);
+  // Whatever fails, nothing of this step is still running on the streams when the error leaves.
+  struct Drain {
+    CudaStreams* streams;
+    int64_t parts;
+    bool armed = true;
+    ~Drain() {
+      for (int64_t i = 0; armed && i < parts; ++i) {
+        try {
+          streams->sync(static_cast<int>(i));
+        } catch (...) {  // (an exception is already on its way)
+        }
+      }
+    }
+  } drain{streams_.get(), q_parts_};
+  const Plan& plan = *plan_;
+  const Kernels& k = *kernels_;
+  const Problem& p = plan.problem;
+  Batch& bt = *batches_[0];
+  SegmentTiles& st = *bt.seg[0];
+  const int64_t parts = q_parts_;
+  halide_buffer_t* q = q_->buffer();
+  const OutputsView out = own_outputs(p);
+  const int64_t per_query = p.Hkv * p.topk;  // tiles (T = 1)
+  halide_buffer_t* part_all = bt.part.buffer();
+  const halide_buffer_t* out_all = bt.out.buffer();
+  const halide_buffer_t* lse_all = bt.lse.buffer();
+  // A decode plan built on the first part's stream: every other part waits for it there, before
+  // any part's kernels go on that stream.
+  for (int64_t i = 1; plan_on_stream_ && i < parts; ++i) streams_->after(0, static_cast<int>(i));
+  for (int64_t i = 0; i < parts; ++i) {
+    const bool last = i + 1 == parts;
+    const auto [t0, t1] = overlap_part(i, parts, p.Tq);
+    const int s = static_cast<int>(i);
+    // The plan's arrays first (a decode plan built on the device: the first part's stream holds
+    // it, waited for above).
+    if (!plan_on_stream_) streams_->after_default(s);
+    // The part's tiles and query rows; the last part's views run to the arrays' padded ends.
+    auto rows = [&, t0 = t0, t1 = t1](DeviceArray& a, int64_t per, halide_dimension_t* d) {
+      const halide_buffer_t& v = *a.buffer();
+      return rows_of(v, t0 * per, last ? v.dim[v.dimensions - 1].extent : t1 * per, d);
+    };
+    halide_dimension_t dh[4], dp[4], dq[4], dl[4], dpart[4], dx[4], dout[4], dlse[4];
+    halide_buffer_t head = rows(st.head, per_query, dh), pages = rows(st.pages, per_query, dp);
+    halide_buffer_t query = rows(st.query, per_query, dq), limit = rows(st.limit, per_query, dl);
+    halide_buffer_t part = rows(bt.part, per_query, dpart), pidx = rows(bt.pidx, 1, dx);
+    halide_buffer_t out_rows = rows(bt.out, 1, dout), lse_rows = rows(bt.lse, 1, dlse);
+    {
+      CudaStreamScope scope(streams_->context(), streams_->stream(s));
+      check(k.forward(q, cache_.k_segment(0), cache_.v_segment(0), &head, &pages, &query, &limit, p.scale, &part),
+            "forward of " + k.description());
+      // (The partial index names tiles of the whole batch: the part's own.)
+      check(k.combine(part_all, &pidx, &out_rows, &lse_rows), "combine of " + k.description());
+    }
+    streams_->to_host(s, out.out.ptr() + t0 * p.Hq * p.D, out_all->device + static_cast<uint64_t>(t0 * p.Hq * p.D * 4),
+                      static_cast<size_t>((t1 - t0) * p.Hq * p.D) * sizeof(float));
+    streams_->to_host(s, out.lse.ptr() + t0 * p.Hq, lse_all->device + static_cast<uint64_t>(t0 * p.Hq * 4),
+                      static_cast<size_t>((t1 - t0) * p.Hq) * sizeof(float));
+  }
+  drain.armed = false;
+  for (int64_t i = 0; i < parts; ++i) streams_->sync(static_cast<int>(i));
+  finish_lse(out.lse);
+  last_outputs_ = out;
+  timing_.overlap_parts = static_cast<int>(parts);
+  timing_.overlapped_ms = t.lap_ms();
 }
 
 void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "case_gen.h"
 #include "case_kinds.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
@@ -451,6 +452,116 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
               0);
   }
 }
+
+// step_and_read: on CUDA, a decode step in parts of its queries, their copies and kernels on
+// streams of their own; elsewhere (and where a step cannot run in parts) step() then
+// read_outputs(). Whatever the parts, every output equals the phase-by-phase step's bit for bit
+// and the oracle's: 40 sequences (parts of whole 16 queries: 16, 16, 8), 20 (too few to split),
+// host and resident tables (the tiles built on the host or the device), a q outside the staging
+// (not split), and a step that selects nothing.
+void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
+  const bool cuda = is_cuda_target(p.target);
+  // (Vulkan never runs in parts: two settings show that it still reads its outputs.)
+  const std::vector<int> part_counts = cuda ? std::vector<int>{1, 2, 3, 4, 8} : std::vector<int>{1, 3};
+  for (const int64_t B : batches) {
+    experiments::CaseSpec spec;
+    spec.qo.assign(static_cast<size_t>(B), 1);
+    for (int64_t b = 0; b < B; ++b) spec.kv.push_back(1 + (b * 37) % 90);
+    spec.Hq = 4;
+    spec.Hkv = 2;
+    spec.D = 32;
+    spec.block_size = 8;
+    spec.page_size = 4;
+    spec.topk = 3;
+    spec.pad_prob = 0.2;
+    spec.dup_prob = 0.1;
+    spec.dtype = p.dtype;
+    spec.seed = static_cast<uint64_t>(B);
+    Inputs in = experiments::make_case(spec);
+    const int64_t P = in.k_pages.shape[0];
+    const DeviceCacheShape shape{P, spec.Hkv, spec.page_size, spec.D, p.dtype};
+    DeviceKvCache cache(p.target, shape);
+    std::vector<int32_t> all(static_cast<size_t>(P));
+    std::iota(all.begin(), all.end(), 0);
+    const InputsView view(in);
+    cache.write_pool_pages(TensorView<const int32_t>(all.data(), {P}), view.k_pages, view.v_pages);
+    DeviceStepRunner runner(cache, p.schedule);
+    const int64_t max_pages = in.block_tables.shape[1];
+    runner.write_block_tables(TensorView<const int32_t>(in.block_tables.data.data(), {B, max_pages}));
+    const Inputs values = testing::values_only(in);
+    const Outputs oracle = reference::dense_attention<double>(values, validate(values));
+    for (const int parts : part_counts) {
+      for (const bool resident : {false, true}) {
+        for (const bool staged : {true, false}) {
+          SCOPED_TRACE("B " + std::to_string(B) + " parts " + std::to_string(parts) + (resident ? " resident" : " host tables") +
+                       (staged ? " q staged" : " q outside the staging"));
+          runner.set_overlap_parts(parts);
+          StepInputs s(view);
+          if (resident) {
+            s.block_tables = TensorView<const int32_t>();
+            s.resident_tables = true;
+          }
+          const size_t q_bytes = static_cast<size_t>(s.q.numel() * s.q.element_bytes());
+          std::vector<uint8_t> q_copy(static_cast<const uint8_t*>(s.q.data), static_cast<const uint8_t*>(s.q.data) + q_bytes);
+          if (staged) {
+            std::memcpy(runner.q_staging(B, spec.Hq), q_copy.data(), q_bytes);
+            s.q.data = runner.q_staging(B, spec.Hq);
+          }
+          const OutputsView got = runner.step_and_read(s);
+          const int want_parts = cuda && staged && parts > 1 && B >= 32 ? static_cast<int>(std::min<int64_t>(parts, (B + 15) / 16)) : 0;
+          EXPECT_EQ(runner.timing().overlap_parts, want_parts);
+          EXPECT_EQ(runner.timing().overlapped_ms > 0, want_parts > 0);
+          Outputs mine = outputs_for(runner.plan().problem);
+          std::copy(got.out.ptr(), got.out.ptr() + got.out.numel(), mine.out.data.begin());
+          std::copy(got.lse.ptr(), got.lse.ptr() + got.lse.numel(), mine.lse.data.begin());
+          const auto err = experiments::compare_outputs(mine, oracle);
+          EXPECT_TRUE(err.ok()) << "max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+          if (staged) std::memcpy(runner.q_staging(B, spec.Hq), q_copy.data(), q_bytes);
+          runner.step(s);
+          Outputs want = outputs_for(runner.plan().problem);
+          runner.read_outputs(want);
+          EXPECT_EQ(std::memcmp(mine.out.data.data(), want.out.data.data(), want.out.data.size() * sizeof(float)), 0);
+          EXPECT_EQ(std::memcmp(mine.lse.data.data(), want.lse.data.data(), want.lse.data.size() * sizeof(float)), 0);
+        }
+      }
+    }
+    // A step that its plan refuses (a block past the sequence), with q's parts already on their
+    // way: the error names the selection, and the next step is as before.
+    {
+      std::vector<int32_t> bad(in.selected.data);
+      bad[0] = 1 << 20;
+      StepInputs refused(view);
+      refused.selected = TensorView<const int32_t>(bad.data(), {B, spec.Hkv, spec.topk});
+      std::memcpy(runner.q_staging(B, spec.Hq), refused.q.data, static_cast<size_t>(refused.q.numel() * refused.q.element_bytes()));
+      refused.q.data = runner.q_staging(B, spec.Hq);
+      runner.set_overlap_parts(2);
+      try {
+        runner.step_and_read(refused);
+        ADD_FAILURE() << "a selection past the sequence was taken";
+      } catch (const InputError& err) {
+        EXPECT_EQ(err.field().rfind("selected", 0), 0u) << err.what();
+      }
+    }
+    // A step that selects nothing, in parts: zeros and -inf.
+    std::vector<int32_t> none(in.selected.data.size(), -1);
+    StepInputs s(view);
+    s.selected = TensorView<const int32_t>(none.data(), {B, spec.Hkv, spec.topk});
+    std::memcpy(runner.q_staging(B, spec.Hq), s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+    s.q.data = runner.q_staging(B, spec.Hq);
+    runner.set_overlap_parts(3);
+    const OutputsView empty = runner.step_and_read(s);
+    for (int64_t i = 0; i < empty.out.numel(); ++i) ASSERT_EQ(empty.out.ptr()[i], 0.f);
+    for (int64_t i = 0; i < empty.lse.numel(); ++i) ASSERT_TRUE(std::isinf(empty.lse.ptr()[i]) && empty.lse.ptr()[i] < 0);
+    EXPECT_EQ(runner.timing().overlap_parts, cuda && B >= 32 ? 3 : 0);
+    EXPECT_THROW(runner.set_overlap_parts(0), InputError);
+  }
+}
+
+TEST_P(DeviceCacheTest, OverlappedStepEqualsThePhaseByPhaseStep) {
+  REQUIRE_DEVICE(GetParam().target);
+  overlapped_steps(GetParam(), {40, 20});
+}
+
 
 std::vector<Param> params() {
   std::vector<Param> ps;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "kvouter/backend.h"
+#include "kvouter/cuda_driver.h"
 #include "kvouter/halide_kernels.h"
 #include "kvouter/vulkan_readback.h"
 #include "kvouter/plan.h"
@@ -48,7 +49,7 @@ struct DeviceCacheShape {
 };
 
 // Where a DeviceArray lives: the device, the most one of its buffers may hold, and whether its
-// host staging is page-locked (CUDA: copies by DMA, kvouter/cuda_pinned.h).
+// host staging is page-locked (CUDA: copies by DMA, kvouter/cuda_driver.h).
 struct DeviceArraySpec {
   const halide_device_interface_t* dev = nullptr;
   int64_t max_bytes = 0;
@@ -59,7 +60,7 @@ struct DeviceArraySpec {
 };
 
 // Host memory for device copies, grown on demand (its contents then lost, zeroed), page-locked
-// when asked and the device is CUDA's (kvouter/cuda_pinned.h: copied by DMA).
+// when asked and the device is CUDA's (kvouter/cuda_driver.h: copied by DMA).
 class PinnedHost {
  public:
   explicit PinnedHost(bool pin) : pin_(pin) {}
@@ -262,14 +263,19 @@ struct StepInputs {
 // A plan built on the device (StepInputs::resident_tables): plan_ms is the host's part (validation
 // and the layout) and device_plan_ms, the decode-plan kernels to their end (on CUDA: their issue;
 // they run in stream order ahead of q's copy, inside upload_ms).
+// step_and_read's overlapped step (CUDA): overlapped_ms is everything after the plan's arrays
+// went up (q's copies, the kernels, the read-backs, in parts on the runner's streams, with the
+// device part of a plan built there), and forward_ms, combine_ms and readback_ms are 0.
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
+  double overlapped_ms = 0;
+  int overlap_parts = 0;  // the overlapped step's parts (0: the step ran its phases one by one)
   // On CUDA, inside plan_ms + upload_ms: q's upload and the plan's arrays' uploads, each alone
   // (on Vulkan, q_upload_ms as above).
   double q_upload_ms = 0, arrays_upload_ms = 0;
   // Inside plan_ms: the device's part of a plan built there (0 for a host plan).
   double device_plan_ms = 0;
-  double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms; }
+  double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms + overlapped_ms; }
 };
 
 // The kernels for a plan (the runner calls it once per step; what it returns stays valid while
@@ -323,6 +329,18 @@ class DeviceStepRunner {
   // the runner's on Vulkan: the device copies straight into them, with no host copy), returned as
   // views: valid until the next read_outputs().
   OutputsView read_outputs();
+  // step(), with out/lse read back into the runner's own arrays (as read_outputs(); the views
+  // valid until the next read). On CUDA, a decode step in the fixed decode layout on one segment
+  // and one query batch, whose q lies in q_staging(), runs in parts of its queries (whole 16s,
+  // overlap_parts() of them), each on a stream of its own: its q rows' copy, its forward and
+  // combine, and its out/lse rows' copy, so that one part's copies overlap another's kernels
+  // (timing().overlapped_ms). Elsewhere step() then read_outputs(), the same values.
+  OutputsView step_and_read(const StepInputs& in, bool check_block_tables = true);
+  // The parts of step_and_read's overlapped step (1: none; at least 1). Default: the fastest
+  // measured on the target (default_overlap_parts).
+  void set_overlap_parts(int parts);
+  int overlap_parts() const { return overlap_parts_; }
+  static int default_overlap_parts(const std::string& target);
   // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
   // page-locked on CUDA; on Vulkan mapped memory that the device copies from). A step whose StepInputs::q views this memory, with that shape, uploads
   // it as it lies: an engine that writes q here has no host copy in its step. Valid until the
@@ -338,6 +356,21 @@ class DeviceStepRunner {
  private:
   struct Batch;
   void init(PlanOptions options);
+  // step() and step_and_read(): true where the step ran overlapped (its outputs read, in
+  // last_outputs_).
+  bool step_with(const StepInputs& in, bool check_block_tables, bool overlap);
+  // step_and_read on CUDA: whether the prepared plan can run in parts; the run (q's rows copied
+  // up in parts, each on its stream, then each part's kernels and read-back behind its rows).
+  bool overlappable(const Plan& plan) const;
+  void launch_overlapped(const StorageView& q);
+  void start_overlapped_q(const StorageView& q);
+  // The overlapped step's streams, for a q of this shape in the staging (false: not a q that runs
+  // in parts).
+  bool ensure_streams(const StorageView& q);
+  bool plan_on_stream_ = false;  // this step's decode plan runs on the first part's stream
+  static std::pair<int64_t, int64_t> overlap_part(int64_t i, int64_t parts, int64_t Tq);
+  // The runner's own host arrays for out/lse (read_outputs()), grown as needed.
+  OutputsView own_outputs(const Problem& p);
   // in: the step's inputs, for a plan whose tiles the device builds (their selection and lengths).
   void prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& q, bool q_uploaded,
                     const InputsView* in = nullptr);
@@ -381,6 +414,11 @@ class DeviceStepRunner {
   std::unique_ptr<VulkanMappedBuffer> q_mapped_, out_mapped_;
   int64_t q_dirty_ = 0;
   std::vector<VulkanRead> reads_;
+  // The overlapped step's streams (CUDA), and what it read.
+  int overlap_parts_ = 1;
+  std::unique_ptr<CudaStreams> streams_;
+  int64_t q_parts_ = 0;  // the parts of the last overlapped step
+  OutputsView last_outputs_;
 };
 
 }  // namespace kvouter::halide
