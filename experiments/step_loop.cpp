@@ -199,9 +199,10 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     s.causal = st.causal;
     s.softmax_scale = st.softmax_scale;
     // The engine checks the table entries where it writes them (appends use held pages only).
+    halide::StepTiming ov;  // an overlapped step's timing
     if (opt.overlap_parts > 0) {
       const OutputsView v = runner.step_and_read(s, false);
-      const halide::StepTiming ov = runner.timing();
+      ov = runner.timing();
       if (step == 0) out = outputs_for(runner.plan().problem);
       std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
       std::copy(v.lse.ptr(), v.lse.ptr() + out.lse.numel(), out.lse.data.begin());
@@ -217,48 +218,34 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                          std::memcmp(w.out.ptr(), out.out.data.data(), out.out.data.size() * sizeof(float)) == 0 &&
                          std::memcmp(w.lse.ptr(), out.lse.data.data(), out.lse.data.size() * sizeof(float)) == 0;
       seq_total_ms.push_back(runner.timing().total_ms());
-      plan_ms.push_back(ov.plan_ms);
-      upload_ms.push_back(ov.upload_ms);
-      device_plan_ms.push_back(ov.device_plan_ms);
-      validate_ms.push_back(runner.plan().validate_ms);
-      arrays_ms.push_back(ov.arrays_upload_ms);
-      const halide::StepTiming& t = runner.timing();
-      q_upload_ms.push_back(t.q_upload_ms);
-      fwd_ms.push_back(t.forward_ms);
-      comb_ms.push_back(t.combine_ms);
-      kernel_ms.push_back(t.forward_ms + t.combine_ms);
-      read_ms.push_back(t.readback_ms);
-      total_ms.push_back(ov.total_ms());
     } else {
       runner.step(s, false);
-    }
-    if (step == 0 && opt.overlap_parts == 0) out = outputs_for(runner.plan().problem);
-    if (opt.overlap_parts > 0) {
-    } else if (opt.in_place) {
-      const OutputsView v = runner.read_outputs();
-      if (step == 0 || step + 1 == opt.steps) {  // the checked steps' outputs, outside the step
-        std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
-        std::copy(v.lse.ptr(), v.lse.ptr() + out.lse.numel(), out.lse.data.begin());
+      if (step == 0) out = outputs_for(runner.plan().problem);
+      if (opt.in_place) {
+        const OutputsView v = runner.read_outputs();
+        if (step == 0 || step + 1 == opt.steps) {  // the checked steps' outputs, outside the step
+          std::copy(v.out.ptr(), v.out.ptr() + out.out.numel(), out.out.data.begin());
+          std::copy(v.lse.ptr(), v.lse.ptr() + out.lse.numel(), out.lse.data.begin());
+        }
+      } else {
+        runner.read_outputs(out);
       }
-    } else {
-      runner.read_outputs(out);
     }
+    // The step's phases; an overlapped step's up to its plan's arrays and its total, the kernels
+    // and read-back of the same step phase by phase.
     const halide::StepTiming& t = runner.timing();
-    if (opt.overlap_parts > 0) {
-      // (recorded above)
-    } else {
-    plan_ms.push_back(t.plan_ms);
-    device_plan_ms.push_back(t.device_plan_ms);
-    upload_ms.push_back(t.upload_ms);
-    q_upload_ms.push_back(t.q_upload_ms);
+    const halide::StepTiming& head = opt.overlap_parts > 0 ? ov : t;
+    plan_ms.push_back(head.plan_ms);
+    device_plan_ms.push_back(head.device_plan_ms);
+    upload_ms.push_back(head.upload_ms);
+    arrays_ms.push_back(head.arrays_upload_ms);
     validate_ms.push_back(runner.plan().validate_ms);
-    arrays_ms.push_back(t.arrays_upload_ms);
+    q_upload_ms.push_back(t.q_upload_ms);
     fwd_ms.push_back(t.forward_ms);
     comb_ms.push_back(t.combine_ms);
     kernel_ms.push_back(t.forward_ms + t.combine_ms);
     read_ms.push_back(t.readback_ms);
-    total_ms.push_back(t.total_ms());
-    }
+    total_ms.push_back(head.total_ms());
     if ((check_with_direct || reference) && (step == 0 || step + 1 == opt.steps)) {
       ErrorReport e;
       if (check_with_direct) {
@@ -312,7 +299,10 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                static_cast<long long>(cache.segments()), median(total_ms), median(plan_ms), median(upload_ms),
                median(kernel_ms), median(fwd_ms), median(comb_ms), median(read_ms), decode ? median(append_ms) : 0.0,
                median(total_ms) / median(kernel_ms), median(validate_ms), median(device_plan_ms), median(q_upload_ms), median(arrays_ms));
-  if (opt.overlap_parts > 0) {
+  if (opt.overlap_parts > 0 && parts_run == 0) {
+    std::fprintf(stderr, "  step_and_read ran phase by phase here (not a CUDA decode step in parts): step %.3f ms\n",
+                 median(total_ms));
+  } else if (opt.overlap_parts > 0) {
     std::fprintf(stderr,
                  "  overlapped in %d parts: step %.3f ms = plan %.3f + upload %.3f + overlapped %.3f; the same steps phase by "
                  "phase (the phases above from kernels on): %.3f; step/kernels %.2f; outputs bit for bit the same: %s\n",
