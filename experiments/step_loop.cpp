@@ -231,8 +231,8 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
         runner.read_outputs(out);
       }
     }
-    // The step's phases; an overlapped step's up to its plan's arrays and its total, the kernels
-    // and read-back of the same step phase by phase.
+    // The step's phases; an overlapped step's up to its plan's arrays and its total, the plan's
+    // validation, q's upload, the kernels and the read-back of the same step phase by phase.
     const halide::StepTiming& t = runner.timing();
     const halide::StepTiming& head = opt.overlap_parts > 0 ? ov : t;
     plan_ms.push_back(head.plan_ms);
@@ -277,8 +277,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["readback_ms"] = summary(read_ms);
   r["step_ms"] = summary(total_ms);  // plan + uploads + kernels + readback
   if (opt.overlap_parts > 0) {
-    // step_ms: the overlapped steps (plan + uploads + overlapped_ms); the phases from forward_ms
-    // on: the same steps run again phase by phase (sequential_step_ms).
+    // step_ms: the overlapped steps (plan + uploads + overlapped_ms); plan_validate_ms,
+    // q_upload_ms and the phases from forward_ms on: the same steps run again phase by phase
+    // (sequential_step_ms).
     r["overlapped_ms"] = summary(overlapped_ms);
     r["sequential_step_ms"] = summary(seq_total_ms);
     r["overlap_parts_run"] = parts_run;

@@ -538,7 +538,17 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
       pidx = pidx_.data();  // (after: it may have grown)
     }
     const int64_t nt = std::accumulate(seg_count_.begin() + b * S, seg_count_.begin() + (b + 1) * S, int64_t{0});
-    if (pidx) bt.pidx.upload(pidx, nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);  // else written on the device
+    if (pidx && plan.decode_layout && S == 1) {
+      // The padding rows name no partial (as the device's decode plan writes them): a padding
+      // row's combine reads nothing (step_and_read's last part would otherwise read a tile the
+      // first part's forward writes).
+      const int64_t n = nq * p.Hkv * ranks, padded = (nq + 15) / 16 * 16 * p.Hkv * ranks;
+      if (pidx != pidx_.data()) pidx_.assign(pidx, pidx + n);
+      pidx_.resize(static_cast<size_t>(padded), layout::kNoPartial);
+      bt.pidx.upload(pidx_.data(), padded, {nq, p.Hkv, ranks}, &uploads_);
+    } else if (pidx) {
+      bt.pidx.upload(pidx, nq * p.Hkv * ranks, {nq, p.Hkv, ranks}, &uploads_);  // else written on the device
+    }
     bt.part.view({std::max<int64_t>(nt, 1), T * p.qhead, C});
     bt.out.view({nq, p.Hq, p.D});
     bt.lse.view({nq, p.Hq});
@@ -846,9 +856,10 @@ void DeviceStepRunner::launch_overlapped(const StorageView& sq) {
   halide_buffer_t* part_all = bt.part.buffer();
   const halide_buffer_t* out_all = bt.out.buffer();
   const halide_buffer_t* lse_all = bt.lse.buffer();
-  // A decode plan built on the first part's stream: every other part waits for it there, before
-  // any part's kernels go on that stream.
-  for (int64_t i = 1; plan_on_stream_ && i < parts; ++i) streams_->after(0, static_cast<int>(i));
+  // Every other part waits for what the first part's stream holds before any kernel goes there:
+  // the decode plan where it was built on the device, and the first part's q rows (the last
+  // part's padding tiles read query 0's row).
+  for (int64_t i = 1; i < parts; ++i) streams_->after(0, static_cast<int>(i));
   for (int64_t i = 0; i < parts; ++i) {
     const bool last = i + 1 == parts;
     const auto [t0, t1] = overlap_part(i, parts, p.Tq);

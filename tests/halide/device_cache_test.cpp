@@ -456,9 +456,11 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
 // step_and_read: on CUDA, a decode step in parts of its queries, their copies and kernels on
 // streams of their own; elsewhere (and where a step cannot run in parts) step() then
 // read_outputs(). Whatever the parts, every output equals the phase-by-phase step's bit for bit
-// and the oracle's: 40 sequences (parts of whole 16 queries: 16, 16, 8), 20 (too few to split),
-// host and resident tables (the tiles built on the host or the device), a q outside the staging
-// (not split), and a step that selects nothing.
+// and the oracle's: 40 sequences (parts of whole 16 queries: 16 and 24 in two parts, 16, 16 and
+// 8 in three or more), 20 (too few to split), host and resident tables (the tiles built on the
+// host or the device), a q outside the staging (not split), and a step that selects nothing.
+// Every step has a new q and a new order of each selection row (new tiles and partial index), so
+// that a part that read stale rows, or was read back before its kernels ended, differs.
 void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
   const bool cuda = is_cuda_target(p.target);
   // (Vulkan never runs in parts: two settings show that it still reads its outputs.)
@@ -488,13 +490,25 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
     DeviceStepRunner runner(cache, p.schedule);
     const int64_t max_pages = in.block_tables.shape[1];
     runner.write_block_tables(TensorView<const int32_t>(in.block_tables.data.data(), {B, max_pages}));
-    const Inputs values = testing::values_only(in);
-    const Outputs oracle = reference::dense_attention<double>(values, validate(values));
+    std::mt19937 rng(static_cast<uint32_t>(B));
     for (const int parts : part_counts) {
       for (const bool resident : {false, true}) {
         for (const bool staged : {true, false}) {
           SCOPED_TRACE("B " + std::to_string(B) + " parts " + std::to_string(parts) + (resident ? " resident" : " host tables") +
                        (staged ? " q staged" : " q outside the staging"));
+          // A new q (rounded to the dtype) and each selection row rotated by one rank.
+          for (size_t i = 0; i < in.q.data.size(); ++i) {
+            const float x = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
+            if (p.dtype == Dtype::kFloat16) in.q.data[i] = half_to_float(in.q_bits.data[i] = float_to_half(x));
+            else if (p.dtype == Dtype::kBFloat16) in.q.data[i] = bf16_to_float(in.q_bits.data[i] = float_to_bf16(x));
+            else in.q.data[i] = x;
+          }
+          for (size_t r = 0; r < in.selected.data.size(); r += static_cast<size_t>(spec.topk)) {
+            std::rotate(in.selected.data.begin() + static_cast<std::ptrdiff_t>(r), in.selected.data.begin() + static_cast<std::ptrdiff_t>(r) + 1,
+                        in.selected.data.begin() + static_cast<std::ptrdiff_t>(r + static_cast<size_t>(spec.topk)));
+          }
+          const Inputs values = testing::values_only(in);
+          const Outputs oracle = reference::dense_attention<double>(values, validate(values));
           runner.set_overlap_parts(parts);
           StepInputs s(view);
           if (resident) {
@@ -525,8 +539,8 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
         }
       }
     }
-    // A step that its plan refuses (a block past the sequence), with q's parts already on their
-    // way: the error names the selection, and the next step is as before.
+    // A step that its plan refuses (a block past the sequence): the error names the selection,
+    // and the next step is as before.
     {
       std::vector<int32_t> bad(in.selected.data);
       bad[0] = 1 << 20;

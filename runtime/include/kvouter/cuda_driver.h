@@ -4,11 +4,12 @@
 //   memory with cuMemcpy, which for pageable memory runs at a fraction of the bus's rate
 //   (gpu-prefill's 1 GB read-back: 302 ms on the H200). Registered memory is copied by DMA.
 // - streams of our own beside Halide's, for the step runner's overlapped step
-//   (DeviceStepRunner::step_and_read): Halide 21's CUDA runtime copies synchronously on the
-//   context's legacy default stream, and launches its kernels on the stream its get-stream
-//   handler names (cuda_stream_of_thread, installed by the AOT registry: CUDA kernels are
-//   generated ahead of time, the JIT schedules Vulkan only). Copies that overlap kernels are
-//   therefore ours (cuMemcpy*Async on these streams).
+//   (DeviceStepRunner::step_and_read): Halide 21's CUDA runtime launches its kernels (and makes
+//   its copies and syncs) on the stream its get-stream handler names (cuda_stream_of_thread,
+//   installed by the AOT registry: CUDA kernels are generated ahead of time, the JIT schedules
+//   Vulkan only), the context's legacy default stream outside a CudaStreamScope. The step's
+//   overlapped copies are ours (cuMemcpy*Async on these streams), and it waits for its streams
+//   itself: a Halide sync outside a scope does not wait for them.
 #pragma once
 
 #include <cstddef>

@@ -265,7 +265,8 @@ struct StepInputs {
 // they run in stream order ahead of q's copy, inside upload_ms).
 // step_and_read's overlapped step (CUDA): overlapped_ms is everything after the plan's arrays
 // went up (q's copies, the kernels, the read-backs, in parts on the runner's streams, with the
-// device part of a plan built there), and forward_ms, combine_ms and readback_ms are 0.
+// device part of a plan built there), and forward_ms, combine_ms, readback_ms and q_upload_ms
+// are 0 (q's copies are inside overlapped_ms, not plan_ms + upload_ms as below).
 struct StepTiming {
   double plan_ms = 0, upload_ms = 0, forward_ms = 0, combine_ms = 0, readback_ms = 0;
   double overlapped_ms = 0;
@@ -330,11 +331,12 @@ class DeviceStepRunner {
   // views: valid until the next read_outputs().
   OutputsView read_outputs();
   // step(), with out/lse read back into the runner's own arrays (as read_outputs(); the views
-  // valid until the next read). On CUDA, a decode step in the fixed decode layout on one segment
-  // and one query batch, whose q lies in q_staging(), runs in parts of its queries (whole 16s,
-  // overlap_parts() of them), each on a stream of its own: its q rows' copy, its forward and
-  // combine, and its out/lse rows' copy, so that one part's copies overlap another's kernels
-  // (timing().overlapped_ms). Elsewhere step() then read_outputs(), the same values.
+  // valid until the next read). On CUDA, a decode step of at least 32 queries in the fixed decode
+  // layout on one segment and one query batch, whose q lies in q_staging(), runs in parts of its
+  // queries (whole 16s; min(overlap_parts(), ceil(Tq / 16)) of them), each on a stream of its
+  // own: its q rows' copy, its forward and combine, and its out/lse rows' copy, so that one
+  // part's copies overlap another's kernels (timing().overlapped_ms, overlap_parts). Elsewhere
+  // step() then read_outputs(), the same values.
   OutputsView step_and_read(const StepInputs& in, bool check_block_tables = true);
   // The parts of step_and_read's overlapped step (1: none; at least 1). Default: the fastest
   // measured on the target (default_overlap_parts).
