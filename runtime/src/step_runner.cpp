@@ -236,11 +236,11 @@ TensorView<const int32_t> DeviceStepRunner::block_tables() const {
 void DeviceStepRunner::step(const StepInputs& s, bool check_block_tables) { step_with(s, check_block_tables, false); }
 
 OutputsView DeviceStepRunner::step_and_read(const StepInputs& s, bool check_block_tables) {
-  if (step_with(s, check_block_tables, true)) return last_outputs_;
+  if (const std::optional<OutputsView> read = step_with(s, check_block_tables, true)) return *read;
   return read_outputs();
 }
 
-bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
+std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
   Stopwatch t;
   const DeviceCacheShape& cs = cache_.shape();
   // (The plan would name the pool's dtype, which the runner, not the caller, gives it.)
@@ -284,10 +284,10 @@ bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, b
   // plan, q's copies held up the plan's arrays on the same copy engine: 0.09-0.14 ms of upload
   // instead of 0.03, experiments/results/gpu/2026-12-04/gpu_bench_loop_overlap_q_ahead.json.)
   const bool overlap = overlap_asked && is_cuda_target(cache_.target()) && overlap_parts_ > 1 && cache_.segments() == 1 &&
-                       s.q.data != nullptr && s.q.data == q_->host_data();
+                       s.q.data != nullptr && s.q.data == q_->host_data() && ensure_streams(s.q);
   // A decode plan built on the device goes on the first part's stream (its selection's copy
   // asynchronous there, the kernel behind it), which the other parts then wait for.
-  plan_on_stream_ = overlap && on_device && ensure_streams(s.q);
+  plan_on_stream_ = overlap && on_device;
   struct Unset {
     DeviceStepRunner* self;
     ~Unset() {
@@ -313,8 +313,7 @@ bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, b
       timing_.plan_ms = std::min(plan.plan_ms + timing_.device_plan_ms, wall);
       timing_.upload_ms = wall - timing_.plan_ms;
       timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
-      launch_overlapped(s.q);
-      return true;
+      return launch_overlapped(s.q);
     }
     if (plan_on_stream_) streams_->sync(0);  // (the plan on the stream; the kernels below on Halide's)
     Stopwatch tq;
@@ -326,7 +325,7 @@ bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, b
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.arrays_upload_ms = arrays_ms - timing_.device_plan_ms;
     launch();
-    return false;
+    return std::nullopt;
   }
   // On Vulkan, a q that the engine wrote into the runner's mapping goes up while the host plans
   // (the plan reads no q value); the step waits for it before the plan's arrays go up. Whatever
@@ -389,8 +388,7 @@ bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, b
     timing_.upload_ms = wall - timing_.plan_ms;
     timing_.arrays_upload_ms = tasks.arrays_ms;
     if (overlappable(*tasks.plan)) {
-      launch_overlapped(s.q);
-      return true;
+      return launch_overlapped(s.q);
     }
     Stopwatch tq;
     upload_q(s.q, nullptr);
@@ -422,7 +420,7 @@ bool DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, b
     }
   }
   launch();
-  return false;
+  return std::nullopt;
 }
 
 void DeviceStepRunner::upload_q(const StorageView& sq, UploadBatch* batch) {
@@ -790,10 +788,8 @@ bool DeviceStepRunner::ensure_streams(const StorageView& sq) {
   if (sq.rank != 3 || sq.shape[0] < 32 || !q_->fits(sq.shape_vec())) return false;
   const int64_t parts = std::min<int64_t>(overlap_parts_, (sq.shape[0] + 15) / 16);
   const uint64_t dev = q_->view(sq.shape_vec())->device;
-  if (!streams_ || streams_->size() < parts || !streams_->owns(dev)) {
-    streams_.reset();
-    streams_ = std::make_unique<CudaStreams>(dev, static_cast<int>(parts));
-  }
+  // (The streams they replace are waited for as they go.)
+  if (!streams_ || streams_->size() < parts || !streams_->owns(dev)) streams_ = std::make_unique<CudaStreams>(dev, static_cast<int>(parts));
   return true;
 }
 
@@ -808,7 +804,6 @@ void DeviceStepRunner::start_overlapped_q(const StorageView& sq) {
   const int64_t used = Tq * row_bytes, padded = q_->view_bytes();
   auto* host = static_cast<uint8_t*>(q_->host_data());
   host_copy(host + used, nullptr, padded - used);  // the padding rows, zeros
-  ensure_streams(sq);
   for (int64_t i = 0; i < parts; ++i) {
     const auto [t0, t1] = overlap_part(i, parts, Tq);
     const int64_t end = i + 1 == parts ? padded : t1 * row_bytes;
@@ -825,7 +820,7 @@ bool DeviceStepRunner::overlappable(const Plan& plan) const {
          batches_[0]->t1 == p.Tq && p.Tq >= 32 && overlap_parts_ > 1;
 }
 
-void DeviceStepRunner::launch_overlapped(const StorageView& sq) {
+OutputsView DeviceStepRunner::launch_overlapped(const StorageView& sq) {
   Stopwatch t;
   // Every part's rows first: the copy engine runs them back to back while the host launches the
   // kernels behind them.
@@ -892,9 +887,9 @@ void DeviceStepRunner::launch_overlapped(const StorageView& sq) {
   drain.armed = false;
   for (int64_t i = 0; i < parts; ++i) streams_->sync(static_cast<int>(i));
   finish_lse(out.lse);
-  last_outputs_ = out;
   timing_.overlap_parts = static_cast<int>(parts);
   timing_.overlapped_ms = t.lap_ms();
+  return out;
 }
 
 void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {

@@ -46,6 +46,13 @@ std::string missing_device(const std::string& target) {
     GTEST_SKIP() << why_missing;                                        \
   } while (0)
 
+// x rounded to the dtype, and its bits (16-bit dtypes).
+float stored_as(Dtype dtype, float x, uint16_t* bits) {
+  if (dtype == Dtype::kFloat16) return half_to_float(*bits = float_to_half(x));
+  if (dtype == Dtype::kBFloat16) return bf16_to_float(*bits = float_to_bf16(x));
+  return x;
+}
+
 // An engine with a host mirror of its pool (for the oracle) and the same pages on the device.
 struct Engine {
   static constexpr int64_t B = 3, Hq = 4, Hkv = 2, D = 32, page = 4, block = 8, topk = 3, max_pages = 8;
@@ -76,12 +83,7 @@ struct Engine {
   }
 
   float uniform() { return std::uniform_real_distribution<float>(-1.f, 1.f)(rng); }
-  // x rounded to the dtype, and its bits.
-  float stored(float x, uint16_t* bits) const {
-    if (dtype == Dtype::kFloat16) return half_to_float(*bits = float_to_half(x));
-    if (dtype == Dtype::kBFloat16) return bf16_to_float(*bits = float_to_bf16(x));
-    return x;
-  }
+  float stored(float x, uint16_t* bits) const { return stored_as(dtype, x, bits); }
 
   // A prefill of n tokens per sequence: its pages written whole, in one call.
   void prefill(int n) {
@@ -498,10 +500,9 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
                        (staged ? " q staged" : " q outside the staging"));
           // A new q (rounded to the dtype) and each selection row rotated by one rank.
           for (size_t i = 0; i < in.q.data.size(); ++i) {
-            const float x = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
-            if (p.dtype == Dtype::kFloat16) in.q.data[i] = half_to_float(in.q_bits.data[i] = float_to_half(x));
-            else if (p.dtype == Dtype::kBFloat16) in.q.data[i] = bf16_to_float(in.q_bits.data[i] = float_to_bf16(x));
-            else in.q.data[i] = x;
+            uint16_t bits = 0;
+            in.q.data[i] = stored_as(p.dtype, std::uniform_real_distribution<float>(-1.f, 1.f)(rng), &bits);
+            if (p.dtype != Dtype::kFloat32) in.q_bits.data[i] = bits;
           }
           for (size_t r = 0; r < in.selected.data.size(); r += static_cast<size_t>(spec.topk)) {
             std::rotate(in.selected.data.begin() + static_cast<std::ptrdiff_t>(r), in.selected.data.begin() + static_cast<std::ptrdiff_t>(r) + 1,

@@ -358,16 +358,15 @@ class DeviceStepRunner {
  private:
   struct Batch;
   void init(PlanOptions options);
-  // step() and step_and_read(): true where the step ran overlapped (its outputs read, in
-  // last_outputs_).
-  bool step_with(const StepInputs& in, bool check_block_tables, bool overlap);
+  // step() and step_and_read(): the outputs where the step ran overlapped (read back already).
+  std::optional<OutputsView> step_with(const StepInputs& in, bool check_block_tables, bool overlap);
   // step_and_read on CUDA: whether the prepared plan can run in parts; the run (q's rows copied
   // up in parts, each on its stream, then each part's kernels and read-back behind its rows).
   bool overlappable(const Plan& plan) const;
-  void launch_overlapped(const StorageView& q);
+  OutputsView launch_overlapped(const StorageView& q);
   void start_overlapped_q(const StorageView& q);
-  // The overlapped step's streams, for a q of this shape in the staging (false: not a q that runs
-  // in parts).
+  // The overlapped step's streams, made before the plan, for a q of this shape in the staging
+  // (false: not a q that runs in parts).
   bool ensure_streams(const StorageView& q);
   bool plan_on_stream_ = false;  // this step's decode plan runs on the first part's stream
   static std::pair<int64_t, int64_t> overlap_part(int64_t i, int64_t parts, int64_t Tq);
@@ -420,7 +419,6 @@ class DeviceStepRunner {
   int overlap_parts_ = 1;
   std::unique_ptr<CudaStreams> streams_;
   int64_t q_parts_ = 0;  // the parts of the last overlapped step
-  OutputsView last_outputs_;
 };
 
 }  // namespace kvouter::halide
