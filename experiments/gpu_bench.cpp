@@ -7,7 +7,7 @@
 //                     [--targets host-vulkan,host-cuda] [--all-variants] [--reps 5] [--json FILE]
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
-//                     [--loop-staging copy,in_place,in_place_after_plan,overlapped<N>] [--loop-tables host,resident,resident-device,resident-host]
+//                     [--loop-staging copy,in_place,in_place_after_plan,in_place_read_back,overlapped<N>] [--loop-tables host,resident,resident-device,resident-host]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -21,7 +21,8 @@
 // (345 MHz instead of 1980; measured, docs/vulkan.md).
 //
 // --loop N runs, after each shape's kernels, the whole step N times on a device-resident cache
-// (step_loop.h) with the first schedule on each target: decode with one appended token per
+// (step_loop.h) with the first schedule on each target, its step 0's kernels then run untimed
+// for --warmup-ms: decode with one appended token per
 // sequence and a new selection per step; prefill (at most 3 steps) with its pages written once.
 // --loop-pools: the cache holds the pages a selection reaches (reachable) and/or the shape's
 // whole pool (full: in segments where one buffer cannot hold it).
@@ -29,7 +30,9 @@
 // q written into the runner's staging and out/lse read where the runner reads them back
 // (in_place: DeviceStepRunner::q_staging, read_outputs()); in_place_after_plan: the same with q's
 // upload after the plan (DeviceStepRunner::set_q_ahead(false); on Vulkan it otherwise goes up
-// while the host plans); overlapped<N> (e.g. overlapped4): in_place through
+// while the host plans); in_place_read_back: on Vulkan out/lse read back from device memory
+// instead of written by the combine into host memory (DeviceStepRunner::set_outputs_in_place(false));
+// overlapped<N> (e.g. overlapped4): in_place through
 // DeviceStepRunner::step_and_read in N parts (on CUDA their copies overlap their kernels), each
 // step then run again phase by phase, whose kernels the step is measured against and whose
 // outputs it must equal bit for bit.
@@ -132,7 +135,7 @@ int run(int argc, char** argv) {
           "                         [--all-variants] [--variants-generic] [--reps 5] [--warmup-ms 2000]\n"
           "                         [--json FILE] [--case-dir DIR] [--no-check]\n"
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
-          "                         [--loop-staging copy,in_place,in_place_after_plan,overlapped<N>]\n"
+          "                         [--loop-staging copy,in_place,in_place_after_plan,in_place_read_back,overlapped<N>]\n"
           "                         [--loop-tables host,resident,resident-device,resident-host]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
@@ -161,8 +164,8 @@ int run(int argc, char** argv) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
   }
   for (const auto& p : loop_staging) {
-    if (p != "copy" && p != "in_place" && p != "in_place_after_plan" && overlap_parts_of(p) <= 0) {
-      throw InputError("--loop-staging", "copy, in_place, in_place_after_plan and/or overlapped<N> (N >= 1)", p);
+    if (p != "copy" && p != "in_place" && p != "in_place_after_plan" && p != "in_place_read_back" && overlap_parts_of(p) <= 0) {
+      throw InputError("--loop-staging", "copy, in_place, in_place_after_plan, in_place_read_back and/or overlapped<N> (N >= 1)", p);
     }
   }
   for (const auto& p : loop_tables) {
@@ -354,6 +357,8 @@ int run(int argc, char** argv) {
             experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
             lo.in_place = staging != "copy";
             lo.q_ahead = staging != "in_place_after_plan";
+            lo.outputs_in_place = staging != "in_place_read_back";
+            lo.warmup_ms = warmup_ms;
             lo.overlap_parts = std::max(overlap_parts_of(staging), 0);
             lo.resident_tables = tables != "host";
             lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;

@@ -39,7 +39,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   auto cache_id = [&](int32_t c) { return c < 0 ? c : static_cast<int32_t>(c * stride); };
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
-            {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : opt.q_ahead ? "in_place" : "in_place_after_plan"},
+            {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : !opt.q_ahead ? "in_place_after_plan" : !opt.outputs_in_place ? "in_place_read_back" : "in_place"},
             {"tables", opt.resident_tables ? "resident" : "host"}};
   if (opt.overlap_parts > 0) {
     if (!opt.in_place) throw InputError("overlap_parts", "a loop with in_place staging", "copy staging");
@@ -110,6 +110,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   DeviceStepRunner runner(cache, opt.schedule);
   if (opt.decode_plan_on_device >= 0) runner.set_decode_plan_on_device(opt.decode_plan_on_device == 1);
   runner.set_q_ahead(opt.q_ahead);
+  if (!opt.outputs_in_place) runner.set_outputs_in_place(false);
   if (opt.overlap_parts > 0) runner.set_overlap_parts(opt.overlap_parts);
   std::vector<double> overlapped_ms, seq_total_ms;
   int parts_run = -1;                 // the overlapped steps' parts (-1: none ran)
@@ -121,6 +122,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   }
   Outputs out;
   auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
+  int64_t outputs_in_place = 0;
   std::vector<double> append_ms, plan_ms, device_plan_ms, validate_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
   json checks = json::array();
   for (int step = 0; step < opt.steps; ++step) {
@@ -246,6 +248,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     kernel_ms.push_back(t.forward_ms + t.combine_ms);
     read_ms.push_back(t.readback_ms);
     total_ms.push_back(head.total_ms());
+    outputs_in_place += t.outputs_in_place ? 1 : 0;
     if ((check_with_direct || reference) && (step == 0 || step + 1 == opt.steps)) {
       ErrorReport e;
       if (check_with_direct) {
@@ -257,7 +260,12 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
       }
       checks.push_back({{"step", step}, {"max_out_err", e.max_out_err}, {"max_lse_err", e.max_lse_err}, {"within_tolerance", e.ok()}});
     }
+    if (step == 0 && opt.warmup_ms > 0) {
+      const Stopwatch w;
+      while (w.ms() < opt.warmup_ms) runner.launch();  // (the same kernels on step 0's arrays)
+    }
   }
+  r["warmup_ms"] = opt.warmup_ms;
   r["variant"] = runner.variant();
   r["tiles_on_device"] = runner.plan().tiles_on_device;
   if (!runner.plan().tiles_on_device) {  // (a plan built on the device counts nothing on the host)
@@ -271,6 +279,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["device_plan_ms"] = summary(device_plan_ms);  // inside plan_ms: the decode-plan kernel
   r["q_upload_ms"] = summary(q_upload_ms);  // CUDA: each alone, beside the plan
   r["arrays_upload_ms"] = summary(arrays_ms);
+  r["outputs_in_place_steps"] = outputs_in_place;  // Vulkan: out/lse written by the combine into host memory
   r["forward_ms"] = summary(fwd_ms);
   r["combine_ms"] = summary(comb_ms);
   r["kernel_ms"] = summary(kernel_ms);

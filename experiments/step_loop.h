@@ -22,6 +22,9 @@ struct StepLoopOptions {
   bool in_place = false;
   // With in_place: q's upload may go ahead of the plan (DeviceStepRunner::set_q_ahead).
   bool q_ahead = true;
+  // With in_place: on Vulkan, out/lse written by the combine into the runner's host memory
+  // (DeviceStepRunner::set_outputs_in_place); false: read back from device memory.
+  bool outputs_in_place = true;
   // The block tables written once into the runner (DeviceStepRunner::write_block_tables) and each
   // step run on them (StepInputs::resident_tables: a decode step's tiles built on the device).
   // Otherwise each step passes the engine's host tables.
@@ -29,6 +32,10 @@ struct StepLoopOptions {
   // With resident tables: decode steps planned on the device (1), on the host (0), or as the
   // runner's default for the target (-1; DeviceStepRunner::default_decode_plan_on_device).
   int decode_plan_on_device = -1;
+  // After step 0 (timed as the others), its kernels run again untimed for this long: the H200's
+  // driver holds a Vulkan load at its idle SM clock until the GPU has been busy a while
+  // (docs/vulkan.md), and a loop's steps alone did not always raise it.
+  double warmup_ms = 0;
   // With in_place: each step through DeviceStepRunner::step_and_read with this many parts
   // (set_overlap_parts; CUDA overlaps their copies and kernels), then the same step again with
   // its phases one by one (step(), read_outputs()), whose kernels the overlapped step is measured

@@ -9,6 +9,7 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -178,7 +179,8 @@ struct HostBuffer {
 bool make_host_buffer(VkPhysicalDevice physical, VkDeviceSize bytes, HostBuffer* out) {
   const Fns& f = staging.f;
   VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, nullptr, 0, bytes,
-                        VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT, VK_SHARING_MODE_EXCLUSIVE,
+                        VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                        VK_SHARING_MODE_EXCLUSIVE,
                         0, nullptr};
   VkBuffer buffer = VK_NULL_HANDLE;
   if (f.create_buffer(staging.device, &bi, nullptr, &buffer) != VK_SUCCESS) return false;
@@ -348,6 +350,11 @@ bool usable(const halide_buffer_t* buf) {
 }
 
 }  // namespace
+
+bool vulkan_copies_serve(const halide_buffer_t* buf) {
+  std::lock_guard<std::mutex> lock(mu);
+  return usable(buf);
+}
 
 bool vulkan_read_device(const halide_buffer_t* buf, int64_t bytes, void* dst) {
   if (bytes <= 0) return false;
@@ -539,5 +546,55 @@ void* VulkanMappedBuffer::reserve(int64_t bytes) {
   }
   return mapped_;
 }
+
+bool VulkanMappedBuffer::invalidate() const {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!mapped_ || coherent_) return mapped_ != nullptr;
+  VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, reinterpret_cast<VkDeviceMemory>(memory_), 0, VK_WHOLE_SIZE};
+  return device_ == staging.device && staging.f.invalidate(staging.device, 1, &r) == VK_SUCCESS;
+}
+
+// --- VulkanMappedAlias ---------------------------------------------------------------------------
+
+namespace {
+
+// Halide 21's MemoryRegion (src/runtime/internal/memory_resources.h), as its Vulkan runtime reads
+// a buffer argument's region at a kernel launch: an owning region's handle points at the VkBuffer,
+// and its range (head and tail offsets) bounds the bytes bound to the kernel.
+struct HalideMemoryRegion {
+  void* handle;
+  size_t offset, size, head_offset, tail_offset;
+  bool dedicated, is_owner;
+  int visibility, usage, caching;
+  size_t alignment, nearest_multiple;
+};
+static_assert(offsetof(HalideMemoryRegion, head_offset) == 3 * sizeof(size_t) &&
+                  offsetof(HalideMemoryRegion, is_owner) == 5 * sizeof(size_t) + 1,
+              "the layout of Halide 21's MemoryRegion");
+
+}  // namespace
+
+struct VulkanMappedAlias::Region : HalideMemoryRegion {};
+
+VulkanMappedAlias::VulkanMappedAlias() : region_(std::make_unique<Region>()) {}
+VulkanMappedAlias::~VulkanMappedAlias() = default;
+
+bool VulkanMappedAlias::point_at(const VulkanMappedBuffer& m, int64_t offset, int64_t bytes, const halide_buffer_t* like) {
+  std::lock_guard<std::mutex> lock(mu);
+  // (A buffer of another runtime, the JIT's, lives on another device: not this mapping's.)
+  if (!usable(like) || m.device_ != staging.device || !m.mapped_ || offset < 0 || bytes <= 0 || offset + bytes > m.size_) {
+    return false;
+  }
+  vk_buffer_ = m.buffer_;
+  *region_ = Region{};
+  region_->handle = &vk_buffer_;
+  region_->size = static_cast<size_t>(offset + bytes);
+  region_->head_offset = static_cast<size_t>(offset);
+  region_->dedicated = true;
+  region_->is_owner = true;
+  return true;
+}
+
+uint64_t VulkanMappedAlias::device() const { return reinterpret_cast<uint64_t>(region_.get()); }
 
 }  // namespace kvouter::halide

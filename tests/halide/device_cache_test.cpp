@@ -380,6 +380,10 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
   Engine e(p.dtype, &cache, 21);
   e.prefill(7);
   DeviceStepRunner copying(cache, p.schedule), in_place(cache, p.schedule);
+  // The copying runner's outputs are read back from device memory; on Vulkan the in-place one's
+  // are written by its combine into host memory (set_outputs_in_place, its default there).
+  copying.set_outputs_in_place(false);
+  const bool vulkan = is_vulkan_target(p.target);
   for (int step = 0; step < 4; ++step) {
     e.append();
     e.new_step(step == 3);
@@ -407,6 +411,8 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
       }
     }
     in_place.step(s);
+    EXPECT_EQ(in_place.timing().outputs_in_place, vulkan);
+    EXPECT_FALSE(copying.timing().outputs_in_place);
     const OutputsView got = in_place.read_outputs();
     ASSERT_EQ(got.out.numel(), want.out.numel());
     ASSERT_EQ(got.lse.numel(), want.lse.numel());
@@ -526,6 +532,7 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
           const int want_parts = cuda && staged && parts > 1 && B >= 32 ? static_cast<int>(std::min<int64_t>(parts, (B + 15) / 16)) : 0;
           EXPECT_EQ(runner.timing().overlap_parts, want_parts);
           EXPECT_EQ(runner.timing().overlapped_ms > 0, want_parts > 0);
+          EXPECT_EQ(runner.timing().outputs_in_place, !cuda);  // Vulkan: written by the combine
           Outputs mine = outputs_for(runner.plan().problem);
           std::copy(got.out.ptr(), got.out.ptr() + got.out.numel(), mine.out.data.begin());
           std::copy(got.lse.ptr(), got.lse.ptr() + got.lse.numel(), mine.lse.data.begin());

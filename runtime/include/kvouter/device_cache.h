@@ -276,6 +276,9 @@ struct StepTiming {
   double q_upload_ms = 0, arrays_upload_ms = 0;
   // Inside plan_ms: the device's part of a plan built there (0 for a host plan).
   double device_plan_ms = 0;
+  // On Vulkan: the combine wrote out and lse into host memory (set_outputs_in_place); readback_ms
+  // is then the host's part of read_outputs() alone, and combine_ms holds the writes.
+  bool outputs_in_place = false;
   double total_ms() const { return plan_ms + upload_ms + forward_ms + combine_ms + readback_ms + overlapped_ms; }
 };
 
@@ -319,6 +322,12 @@ class DeviceStepRunner {
   // loops, medians): 2.518 ms a step against 2.571
   // (experiments/results/gpu/2026-12-03/gpu_bench_loop_q_ahead.json).
   void set_q_ahead(bool on) { q_ahead_on_ = on; }
+  // Whether, on Vulkan, a one-batch step's combine writes out and lse straight into the runner's
+  // mapped host memory, where read_outputs() then finds them (no read-back;
+  // timing().outputs_in_place), instead of into device memory read back by a copy. Default:
+  // default_outputs_in_place (measured).
+  void set_outputs_in_place(bool on) { outputs_in_place_on_ = on; }
+  static bool default_outputs_in_place(const std::string& target);
   // A step in parts, for a plan made elsewhere (it must outlive the runner's use of it, through
   // read_outputs): uploads q, the plan's arrays and the partial index (timing().upload_ms) ...
   void prepare(const Plan& plan, const StorageView& q);
@@ -328,7 +337,8 @@ class DeviceStepRunner {
   void read_outputs(const OutputsView& out);
   // The same into the runner's own host arrays (page-locked on CUDA, mapped host-cached memory of
   // the runner's on Vulkan: the device copies straight into them, with no host copy), returned as
-  // views: valid until the next read_outputs().
+  // views: valid until the next step or read_outputs(). On Vulkan, where the step's combine wrote
+  // them there itself (set_outputs_in_place), nothing is copied.
   OutputsView read_outputs();
   // step(), with out/lse read back into the runner's own arrays (as read_outputs(); the views
   // valid until the next read). On CUDA, a decode step of at least 32 queries in the fixed decode
@@ -414,6 +424,15 @@ class DeviceStepRunner {
   // from and into (no host copy); q_dirty_ bytes of q's may hold an engine's writes.
   std::unique_ptr<VulkanMappedBuffer> q_mapped_, out_mapped_;
   int64_t q_dirty_ = 0;
+  // Outputs written in place (set_outputs_in_place): out and lse in out_mapped_ (lse at the next
+  // 256 bytes past out's padded rows), as the combine's buffers (aliases of the mapping) and as
+  // the views read_outputs() returns.
+  bool outputs_in_place_on_ = false;
+  bool alias_outputs(const Problem& p, Batch& bt);  // false: the mapping could not take them
+  std::unique_ptr<VulkanMappedAlias> out_alias_, lse_alias_;
+  halide_buffer_t out_in_place_{}, lse_in_place_{};
+  halide_dimension_t out_in_place_dims_[4]{}, lse_in_place_dims_[4]{};
+  OutputsView in_place_views_;
   std::vector<VulkanRead> reads_;
   // The overlapped step's streams (CUDA), and what it read.
   int overlap_parts_ = 1;

@@ -5,6 +5,7 @@
 #include <HalideRuntime.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 struct halide_vulkan_memory_allocator;
@@ -25,6 +26,10 @@ struct VulkanContextFns {
   const halide_device_interface_t* (*interface)() = nullptr;  // buffers of other devices are refused
 };
 void set_vulkan_context_fns(const VulkanContextFns& fns);
+
+// Whether `buf` is a Vulkan allocation of the runtime whose context these copies use (the AOT
+// kernels'; the JIT's runtime is another, with a device of its own).
+bool vulkan_copies_serve(const halide_buffer_t* buf);
 
 // Copies the first `bytes` of `buf`'s Vulkan allocation (a whole allocation of Halide's Vulkan
 // runtime, never a crop) into `dst`, after every write queued before it. False when it cannot
@@ -78,17 +83,44 @@ class VulkanMappedBuffer {
   int64_t size() const { return size_; }  // changes only when the mapping is made anew
   // Whether [p, p + bytes) lies in the mapping.
   bool holds(const void* p, int64_t bytes) const;
+  // The device's writes made visible to the host where the memory is not coherent (after the
+  // queue's wait); false without a mapping or where it failed.
+  bool invalidate() const;
 
  private:
   friend bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
   friend bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes);
   friend bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into);
+  friend class VulkanMappedAlias;
   void release();
   VkDevice_T* device_ = nullptr;
   uint64_t buffer_ = 0, memory_ = 0;  // VkBuffer, VkDeviceMemory
   void* mapped_ = nullptr;
   int64_t size_ = 0;
   bool coherent_ = false;
+};
+
+// Bytes [offset, offset + bytes) of a mapping as a Halide Vulkan device buffer's memory, for
+// kernels to write straight into host memory (the host reads it there after the queue's wait and
+// invalidate()). Its device handle stands in for an allocation of Halide 21's Vulkan runtime: a
+// region laid out as the runtime's MemoryRegion, which its kernel launches read (the VkBuffer, the
+// range). Only kernel arguments: never a buffer for Halide's copies, crops or frees. Valid while
+// the mapping is not made anew (reserve() growing it) and point_at is not called again.
+class VulkanMappedAlias {
+ public:
+  VulkanMappedAlias();
+  ~VulkanMappedAlias();
+  VulkanMappedAlias(const VulkanMappedAlias&) = delete;
+  VulkanMappedAlias& operator=(const VulkanMappedAlias&) = delete;
+  // For kernels that take `like` (a Vulkan allocation of the runtime whose context these copies
+  // use): false where `like` is another runtime's, or the range does not lie in the mapping.
+  bool point_at(const VulkanMappedBuffer& m, int64_t offset, int64_t bytes, const halide_buffer_t* like);
+  uint64_t device() const;  // halide_buffer_t::device (device_interface: like's)
+
+ private:
+  struct Region;
+  std::unique_ptr<Region> region_;
+  uint64_t vk_buffer_ = 0;  // the region's handle points here
 };
 
 }  // namespace kvouter::halide
