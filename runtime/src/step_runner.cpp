@@ -126,12 +126,13 @@ void DeviceStepRunner::init(PlanOptions o) {
 
 bool DeviceStepRunner::default_outputs_in_place(const std::string& target) {
   // Measured 2026-12-04 (H200, gpu-decode, 64-step loops on resident tables, medians, alternating
-  // in one process; experiments/results/gpu/2026-12-04/gpu_bench_loop_outputs_in_place_r2.json):
-  // Vulkan float32 steps 2.371 / 2.313 / 2.236 ms with the outputs written in place against
-  // 2.377 / 2.402 / 2.457 read back (bfloat16 2.343 / 2.432 / 2.383 against 2.399 / 2.375 /
-  // 2.446): the combine's host writes (+0.08-0.1 ms) cost less than the read-back's copy and
-  // submission (0.16-0.18 ms). CUDA reads back by DMA into page-locked memory, overlapped with
-  // other parts' kernels in step_and_read.
+  // in one process; experiments/results/gpu/2026-12-04/gpu_bench_loop_outputs_in_place_barrier.json):
+  // Vulkan float32 steps 2.289 / 2.402 / 2.380 ms with the outputs written in place against
+  // 2.431 / 2.411 / 2.332 read back (bfloat16 2.402 / 2.442 / 2.438 against 2.424 / 2.449 /
+  // 2.413): the combine's host writes and the host-read barrier (+0.10-0.16 ms) cost no more than
+  // the read-back's copy and submission (0.16-0.18 ms), and the step is 1.13-1.17x its kernels
+  // against 1.20-1.27x. CUDA reads back by DMA into page-locked memory, overlapped with other
+  // parts' kernels in step_and_read.
   return is_vulkan_target(target);
 }
 
@@ -478,7 +479,6 @@ void DeviceStepRunner::prepare(const Plan& plan, const StorageView& q) {
 
 void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, const StorageView& sq, bool q_uploaded,
                                     const InputsView* in) {
-  timing_ = StepTiming{};
   Stopwatch t;
   if (kernels.device != cache_.device()) {
     throw BackendError("device step: " + kernels.description() + " runs on another device than the cache's (" + cache_.target() + ")");
@@ -491,6 +491,9 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
     throw InputError("q", "shape " + shape_str({p.Tq, p.Hq, p.D}) + " (the plan's [Tq, Hq, D])", shape_str(sq.shape_vec()));
   }
   if (sq.dtype != p.dtype) throw InputError("q", "dtype " + dtype_name(p.dtype) + " (the plan's)", dtype_name(sq.dtype));
+  // Checked: from here on the last step's outputs are not the ones read_outputs() would read.
+  launched_ = false;
+  timing_ = StepTiming{};
   plan_ = &plan;
   kernels_ = &kernels;
   const TileSet& ts = plan.tiles;
@@ -623,6 +626,8 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
 
 void DeviceStepRunner::launch() {
   if (!plan_) throw BackendError("device step: launch() before prepare()");
+  launched_ = false;
+  timing_.outputs_in_place = false;
   Stopwatch t;
   const Plan& plan = *plan_;
   const Kernels& k = *kernels_;
@@ -673,9 +678,13 @@ void DeviceStepRunner::launch() {
           "combine of " + k.description());
   }
   if (nb > 0) check(dev_sync(in_place ? &out_in_place_ : batches_[0]->out.buffer()), "combine (sync)");
-  if (in_place && !out_mapped_->invalidate()) throw BackendError("device step: making the outputs visible to the host failed");
+  // The combine's writes made visible to the host (Halide's launch records no barrier for them).
+  if (in_place && !vulkan_host_read_barrier(*out_mapped_)) {
+    throw BackendError("device step: making the outputs visible to the host failed");
+  }
   timing_.outputs_in_place = in_place;
   timing_.combine_ms = t.lap_ms();
+  launched_ = true;
 }
 
 // A segmented pool: each segment's tiles (a tile per segment its pages reach, the other segments'
@@ -750,6 +759,7 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
 
 OutputsView DeviceStepRunner::read_outputs() {
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  if (!launched_) throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
   if (timing_.outputs_in_place) {
     // Written by the combine where the engine reads: SPEC's -inf for empty rows, nothing copied.
     Stopwatch t;
@@ -943,6 +953,7 @@ OutputsView DeviceStepRunner::launch_overlapped(const StorageView& sq) {
   finish_lse(out.lse);
   timing_.overlap_parts = static_cast<int>(parts);
   timing_.overlapped_ms = t.lap_ms();
+  launched_ = true;
   return out;
 }
 
@@ -969,6 +980,7 @@ void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  if (!launched_) throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
   check_outputs(out, plan_->problem);
   read_into(out, false);
 }

@@ -547,11 +547,17 @@ void* VulkanMappedBuffer::reserve(int64_t bytes) {
   return mapped_;
 }
 
-bool VulkanMappedBuffer::invalidate() const {
+bool vulkan_host_read_barrier(const VulkanMappedBuffer& m) {
   std::lock_guard<std::mutex> lock(mu);
-  if (!mapped_ || coherent_) return mapped_ != nullptr;
-  VkMappedMemoryRange r{VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, nullptr, reinterpret_cast<VkDeviceMemory>(memory_), 0, VK_WHOLE_SIZE};
-  return device_ == staging.device && staging.f.invalidate(staging.device, 1, &r) == VK_SUCCESS;
+  if (!m.mapped_ || m.device_ != staging.device) return false;
+  return with_staging(
+      0, [](void*) {},
+      [](const Fns& f, VkCommandBuffer commands) {
+        VkMemoryBarrier hb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                           VK_ACCESS_HOST_READ_BIT};
+        f.barrier(commands, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, nullptr, 0, nullptr);
+      },
+      [](void*) {}, reinterpret_cast<VkDeviceMemory>(m.memory_), m.coherent_);
 }
 
 // --- VulkanMappedAlias ---------------------------------------------------------------------------
@@ -568,9 +574,8 @@ struct HalideMemoryRegion {
   int visibility, usage, caching;
   size_t alignment, nearest_multiple;
 };
-static_assert(offsetof(HalideMemoryRegion, head_offset) == 3 * sizeof(size_t) &&
-                  offsetof(HalideMemoryRegion, is_owner) == 5 * sizeof(size_t) + 1,
-              "the layout of Halide 21's MemoryRegion");
+// (The layout is Halide 21's own: another Halide version must be checked against its source first.)
+static_assert(HALIDE_VERSION_MAJOR == 21, "VulkanMappedAlias mirrors Halide 21's MemoryRegion");
 
 }  // namespace
 

@@ -436,6 +436,21 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
   } catch (const InputError& err) {
     EXPECT_NE(std::string(err.what()).find("q"), std::string::npos) << err.what();
   }
+  // The refused preparation changed nothing: the last step's outputs are still there. A step that
+  // is prepared but not launched has no outputs to read, until its launch.
+  const OutputsView still = in_place.read_outputs();
+  for (int64_t i = 0; i < still.out.numel(); ++i) ASSERT_EQ(still.out.ptr()[i], 0.f);
+  {
+    StepInputs s = e.step_inputs();
+    void* staged = in_place.q_staging(Engine::B, Engine::Hq);
+    std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+    s.q.data = staged;
+    in_place.prepare(in_place.plan(), s.q);
+    EXPECT_THROW(in_place.read_outputs(), BackendError);
+    in_place.launch();
+    const OutputsView relaunched = in_place.read_outputs();
+    for (int64_t i = 0; i < relaunched.out.numel(); ++i) ASSERT_EQ(relaunched.out.ptr()[i], 0.f);
+  }
   EXPECT_THROW(in_place.q_staging(1, Engine::Hq + 1), InputError);
   if (p.dtype != Dtype::kFloat32) {
     // A float32 view of a 16-bit runner's staging (twice its bytes): refused naming q before
@@ -539,11 +554,15 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
           const auto err = experiments::compare_outputs(mine, oracle);
           EXPECT_TRUE(err.ok()) << "max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
           if (staged) std::memcpy(runner.q_staging(B, spec.Hq), q_copy.data(), q_bytes);
+          // (On Vulkan the phase-by-phase step reads its outputs back from device memory: the
+          // in-place outputs above are compared with the read-back path.)
+          runner.set_outputs_in_place(false);
           runner.step(s);
           Outputs want = outputs_for(runner.plan().problem);
           runner.read_outputs(want);
           EXPECT_EQ(std::memcmp(mine.out.data.data(), want.out.data.data(), want.out.data.size() * sizeof(float)), 0);
           EXPECT_EQ(std::memcmp(mine.lse.data.data(), want.lse.data.data(), want.lse.data.size() * sizeof(float)), 0);
+          runner.set_outputs_in_place(DeviceStepRunner::default_outputs_in_place(p.target));
         }
       }
     }

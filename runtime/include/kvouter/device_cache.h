@@ -428,6 +428,7 @@ class DeviceStepRunner {
   // 256 bytes past out's padded rows), as the combine's buffers (aliases of the mapping) and as
   // the views read_outputs() returns.
   bool outputs_in_place_on_ = false;
+  bool launched_ = false;  // the prepared step's kernels ran to their end (read_outputs() may read)
   bool alias_outputs(const Problem& p, Batch& bt);  // false: the mapping could not take them
   std::unique_ptr<VulkanMappedAlias> out_alias_, lse_alias_;
   halide_buffer_t out_in_place_{}, lse_in_place_{};

@@ -83,15 +83,13 @@ class VulkanMappedBuffer {
   int64_t size() const { return size_; }  // changes only when the mapping is made anew
   // Whether [p, p + bytes) lies in the mapping.
   bool holds(const void* p, int64_t bytes) const;
-  // The device's writes made visible to the host where the memory is not coherent (after the
-  // queue's wait); false without a mapping or where it failed.
-  bool invalidate() const;
 
  private:
   friend bool vulkan_write_device(const std::vector<VulkanWrite>& writes);
   friend bool vulkan_write_device_async(const std::vector<VulkanWrite>& writes);
   friend bool vulkan_read_device(const std::vector<VulkanRead>& reads, const VulkanMappedBuffer& into);
   friend class VulkanMappedAlias;
+  friend bool vulkan_host_read_barrier(const VulkanMappedBuffer& m);
   void release();
   VkDevice_T* device_ = nullptr;
   uint64_t buffer_ = 0, memory_ = 0;  // VkBuffer, VkDeviceMemory
@@ -100,9 +98,15 @@ class VulkanMappedBuffer {
   bool coherent_ = false;
 };
 
+// Every earlier device write of the queue (kernels, copies) made visible to the host's reads of
+// `m` (one submission holding only that barrier, waited for; the mapping invalidated where it is
+// not coherent): Halide's kernel launches record none, and a queue's wait alone does not make
+// device writes visible to the host. False where it could not.
+bool vulkan_host_read_barrier(const VulkanMappedBuffer& m);
+
 // Bytes [offset, offset + bytes) of a mapping as a Halide Vulkan device buffer's memory, for
-// kernels to write straight into host memory (the host reads it there after the queue's wait and
-// invalidate()). Its device handle stands in for an allocation of Halide 21's Vulkan runtime: a
+// kernels to write straight into host memory (the host reads it there after
+// vulkan_host_read_barrier). Its device handle stands in for an allocation of Halide 21's Vulkan runtime: a
 // region laid out as the runtime's MemoryRegion, which its kernel launches read (the VkBuffer, the
 // range). Only kernel arguments: never a buffer for Halide's copies, crops or frees. Valid while
 // the mapping is not made anew (reserve() growing it) and point_at is not called again.
