@@ -492,7 +492,7 @@ void DeviceStepRunner::prepare_with(const Plan& plan, const Kernels& kernels, co
   }
   if (sq.dtype != p.dtype) throw InputError("q", "dtype " + dtype_name(p.dtype) + " (the plan's)", dtype_name(sq.dtype));
   // Checked: from here on the last step's outputs are not the ones read_outputs() would read.
-  launched_ = false;
+  outputs_at_ = OutputsAt::kNone;
   timing_ = StepTiming{};
   plan_ = &plan;
   kernels_ = &kernels;
@@ -626,7 +626,7 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
 
 void DeviceStepRunner::launch() {
   if (!plan_) throw BackendError("device step: launch() before prepare()");
-  launched_ = false;
+  outputs_at_ = OutputsAt::kNone;
   timing_.outputs_in_place = false;
   Stopwatch t;
   const Plan& plan = *plan_;
@@ -684,7 +684,7 @@ void DeviceStepRunner::launch() {
   }
   timing_.outputs_in_place = in_place;
   timing_.combine_ms = t.lap_ms();
-  launched_ = true;
+  outputs_at_ = in_place ? OutputsAt::kMapping : OutputsAt::kDevice;
 }
 
 // A segmented pool: each segment's tiles (a tile per segment its pages reach, the other segments'
@@ -757,10 +757,16 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
   }
 }
 
-OutputsView DeviceStepRunner::read_outputs() {
+void DeviceStepRunner::require_outputs() const {
   if (!plan_) throw BackendError("device step: read_outputs() before a step");
-  if (!launched_) throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
-  if (timing_.outputs_in_place) {
+  if (outputs_at_ == OutputsAt::kNone) {
+    throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
+  }
+}
+
+OutputsView DeviceStepRunner::read_outputs() {
+  require_outputs();
+  if (outputs_at_ == OutputsAt::kMapping) {
     // Written by the combine where the engine reads: SPEC's -inf for empty rows, nothing copied.
     Stopwatch t;
     finish_lse(in_place_views_.lse);
@@ -953,7 +959,7 @@ OutputsView DeviceStepRunner::launch_overlapped(const StorageView& sq) {
   finish_lse(out.lse);
   timing_.overlap_parts = static_cast<int>(parts);
   timing_.overlapped_ms = t.lap_ms();
-  launched_ = true;
+  outputs_at_ = OutputsAt::kDevice;
   return out;
 }
 
@@ -979,8 +985,7 @@ void* DeviceStepRunner::q_staging(int64_t Tq, int64_t Hq) {
 }
 
 void DeviceStepRunner::read_outputs(const OutputsView& out) {
-  if (!plan_) throw BackendError("device step: read_outputs() before a step");
-  if (!launched_) throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
+  require_outputs();
   check_outputs(out, plan_->problem);
   read_into(out, false);
 }
@@ -989,9 +994,9 @@ void DeviceStepRunner::read_into(const OutputsView& out, bool direct) {
   Stopwatch t;
   const Problem& p = plan_->problem;
   if (p.Tq == 0) return;
-  if (timing_.outputs_in_place) {
-    host_copy(out.out.ptr(), in_place_views_.out.ptr(), in_place_views_.out.numel() * 4);
-    host_copy(out.lse.ptr(), in_place_views_.lse.ptr(), in_place_views_.lse.numel() * 4);
+  if (outputs_at_ == OutputsAt::kMapping) {
+    host_copy(out.out.ptr(), in_place_views_.out.ptr(), in_place_views_.out.numel() * static_cast<int64_t>(sizeof(float)));
+    host_copy(out.lse.ptr(), in_place_views_.lse.ptr(), in_place_views_.lse.numel() * static_cast<int64_t>(sizeof(float)));
     finish_lse(out.lse);
     timing_.readback_ms = t.lap_ms();
     return;

@@ -9,7 +9,6 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>

@@ -428,7 +428,10 @@ class DeviceStepRunner {
   // 256 bytes past out's padded rows), as the combine's buffers (aliases of the mapping) and as
   // the views read_outputs() returns.
   bool outputs_in_place_on_ = false;
-  bool launched_ = false;  // the prepared step's kernels ran to their end (read_outputs() may read)
+  // Where the last step's outputs are: nowhere yet (prepared, not launched to its end), in the
+  // batches' device arrays, or in out_mapped_ (written there by the combine).
+  enum class OutputsAt { kNone, kDevice, kMapping } outputs_at_ = OutputsAt::kNone;
+  void require_outputs() const;  // BackendError unless a step's kernels ran to their end
   bool alias_outputs(const Problem& p, Batch& bt);  // false: the mapping could not take them
   std::unique_ptr<VulkanMappedAlias> out_alias_, lse_alias_;
   halide_buffer_t out_in_place_{}, lse_in_place_{};
