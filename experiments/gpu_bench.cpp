@@ -40,6 +40,10 @@
 // the runner (resident: DeviceStepRunner::write_block_tables; a decode step's tiles then built on
 // the device or the host as the runner's default for the target says; resident-device and
 // resident-host choose).
+// --loop-plan-tasks: each loop again with the host plan in this many tasks on Halide's thread pool
+// (DeviceStepRunner::set_plan_tasks: 1 the calling thread, 0 one per hardware thread; default:
+// the runner's default for the target). --loop-plan-probe: before each step (outside it), the
+// same inputs' host plan timed alone (DeviceStepRunner::host_plan).
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -122,6 +126,8 @@ int run(int argc, char** argv) {
   std::vector<std::string> loop_pools = {"reachable"};
   std::vector<std::string> loop_staging = {"copy"};
   std::vector<std::string> loop_tables = {"host"};
+  std::vector<std::string> loop_plan_tasks = {"default"};
+  bool loop_plan_probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -137,6 +143,7 @@ int run(int argc, char** argv) {
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
           "                         [--loop-staging copy,in_place,in_place_after_plan,in_place_read_back,overlapped<N>]\n"
           "                         [--loop-tables host,resident,resident-device,resident-host]\n"
+          "                         [--loop-plan-tasks default,1,2,4,...] [--loop-plan-probe]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
           "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
@@ -158,7 +165,9 @@ int run(int argc, char** argv) {
     else if (a == "--loop-only") loop_only = true;
     else if (a == "--loop-staging") loop_staging = split(next());
     else if (a == "--loop-tables") loop_tables = split(next());
-    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging/--loop-tables", a);
+    else if (a == "--loop-plan-tasks") loop_plan_tasks = split(next());
+    else if (a == "--loop-plan-probe") loop_plan_probe = true;
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging/--loop-tables/--loop-plan-tasks/--loop-plan-probe", a);
   }
   for (const auto& p : loop_pools) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
@@ -167,6 +176,15 @@ int run(int argc, char** argv) {
     if (p != "copy" && p != "in_place" && p != "in_place_after_plan" && p != "in_place_read_back" && overlap_parts_of(p) <= 0) {
       throw InputError("--loop-staging", "copy, in_place, in_place_after_plan, in_place_read_back and/or overlapped<N> (N >= 1)", p);
     }
+  }
+  std::vector<int> plan_tasks;  // -1: the runner's default
+  for (const auto& p : loop_plan_tasks) {
+    char* end = nullptr;
+    const long n = p == "default" ? -1 : std::strtol(p.c_str(), &end, 10);
+    if (p != "default" && (p.empty() || *end != '\0' || n < 0 || n > 4096)) {
+      throw InputError("--loop-plan-tasks", "default and/or task counts (0: one per hardware thread, 1: the calling thread)", p);
+    }
+    plan_tasks.push_back(static_cast<int>(n));
   }
   for (const auto& p : loop_tables) {
     if (p != "host" && p != "resident" && p != "resident-device" && p != "resident-host") {
@@ -354,25 +372,29 @@ int run(int argc, char** argv) {
       for (const std::string& pool : loop_pools) {
         for (const std::string& staging : loop_staging) {
           for (const std::string& tables : loop_tables) {
-            experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
-            lo.in_place = staging != "copy";
-            lo.q_ahead = staging != "in_place_after_plan";
-            lo.outputs_in_place = staging != "in_place_read_back";
-            lo.warmup_ms = warmup_ms;
-            lo.overlap_parts = std::max(overlap_parts_of(staging), 0);
-            lo.resident_tables = tables != "host";
-            lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
-            try {
-              json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
-              l["pool"] = pool;
-              shape_doc["loops"].push_back(l);
-            } catch (const std::exception& e) {
-              shape_doc["loops"].push_back(
-                  {{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables}, {"error", e.what()}});
-              std::fprintf(stderr, "%s loop %s %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
-                           staging.c_str(), tables.c_str(), e.what());
+            for (const int tasks : plan_tasks) {
+              experiments::StepLoopOptions lo{target, schedules.front(), decode ? loop : std::min(loop, 3), pool == "full"};
+              lo.in_place = staging != "copy";
+              lo.q_ahead = staging != "in_place_after_plan";
+              lo.outputs_in_place = staging != "in_place_read_back";
+              lo.warmup_ms = warmup_ms;
+              lo.overlap_parts = std::max(overlap_parts_of(staging), 0);
+              lo.resident_tables = tables != "host";
+              lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
+              lo.plan_tasks = tasks;
+              lo.plan_probe = loop_plan_probe;
+              try {
+                json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
+                l["pool"] = pool;
+                shape_doc["loops"].push_back(l);
+              } catch (const std::exception& e) {
+                shape_doc["loops"].push_back(
+                    {{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables}, {"error", e.what()}});
+                std::fprintf(stderr, "%s loop %s %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
+                             staging.c_str(), tables.c_str(), e.what());
+              }
+              write_partial();
             }
-            write_partial();
           }
         }
       }

@@ -112,6 +112,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   runner.set_q_ahead(opt.q_ahead);
   if (!opt.outputs_in_place) runner.set_outputs_in_place(false);
   if (opt.overlap_parts > 0) runner.set_overlap_parts(opt.overlap_parts);
+  if (opt.plan_tasks >= 0) runner.set_plan_tasks(opt.plan_tasks);
   std::vector<double> overlapped_ms, seq_total_ms;
   int parts_run = -1;                 // the overlapped steps' parts (-1: none ran)
   bool overlapped_equal = true;       // every overlapped step's outputs, bit for bit the sequential one's
@@ -123,7 +124,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   Outputs out;
   auto direct = reference::make_direct_backend({"direct", "", {}, "host"});
   int64_t outputs_in_place = 0;
-  std::vector<double> append_ms, plan_ms, device_plan_ms, validate_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
+  std::vector<double> append_ms, plan_ms, device_plan_ms, validate_ms, build_ms, probe_ms, upload_ms, q_upload_ms, arrays_ms, fwd_ms, comb_ms, kernel_ms, read_ms, total_ms;
   json checks = json::array();
   for (int step = 0; step < opt.steps; ++step) {
     if (decode) {
@@ -221,6 +222,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
                          std::memcmp(w.lse.ptr(), out.lse.data.data(), out.lse.data.size() * sizeof(float)) == 0;
       seq_total_ms.push_back(runner.timing().total_ms());
     } else {
+      if (opt.plan_probe) probe_ms.push_back(runner.host_plan(s, false).plan_ms);
       runner.step(s, false);
       if (step == 0) out = outputs_for(runner.plan().problem);
       if (opt.in_place) {
@@ -242,6 +244,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     upload_ms.push_back(head.upload_ms);
     arrays_ms.push_back(head.arrays_upload_ms);
     validate_ms.push_back(runner.plan().validate_ms);
+    build_ms.push_back(runner.plan().plan_ms);
     q_upload_ms.push_back(t.q_upload_ms);
     fwd_ms.push_back(t.forward_ms);
     comb_ms.push_back(t.combine_ms);
@@ -276,6 +279,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
   r["plan_ms"] = summary(plan_ms);
   r["upload_ms"] = summary(upload_ms);
   r["plan_validate_ms"] = summary(validate_ms);  // inside plan_ms
+  r["plan_build_ms"] = summary(build_ms);  // inside plan_ms: the planner's own (validation and layout)
+  r["plan_tasks"] = runner.plan_tasks();
+  if (opt.plan_probe) r["plan_probe_ms"] = summary(probe_ms);  // before each step, outside it
   r["device_plan_ms"] = summary(device_plan_ms);  // inside plan_ms: the decode-plan kernel
   r["q_upload_ms"] = summary(q_upload_ms);  // CUDA: each alone, beside the plan
   r["arrays_upload_ms"] = summary(arrays_ms);

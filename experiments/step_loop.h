@@ -41,6 +41,12 @@ struct StepLoopOptions {
   // its phases one by one (step(), read_outputs()), whose kernels the overlapped step is measured
   // against and whose outputs it must equal bit for bit. 0: step() alone.
   int overlap_parts = 0;
+  // The host plan's tasks (DeviceStepRunner::set_plan_tasks); -1: the runner's default.
+  int plan_tasks = -1;
+  // Before each step, the runner's host plan of the same inputs, timed alone (DeviceStepRunner::
+  // host_plan; the step's own plan then finds their lines in the caches): where the step's plan
+  // time goes, its work or its first touch of the inputs after the device waits.
+  bool plan_probe = false;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

@@ -121,6 +121,8 @@ void DeviceStepRunner::init(PlanOptions o) {
   q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
   host_out_ = std::make_unique<PinnedHost>(cache_.array_spec().pin);
   overlap_parts_ = default_overlap_parts(cache_.target());
+  // (A picker's caller may have asked for the calling thread alone, or for its chunks.)
+  set_plan_tasks(!o.parallel_heads ? 1 : o.sequence_chunks > 0 ? static_cast<int>(o.sequence_chunks) : default_plan_tasks(cache_.target()));
   outputs_in_place_on_ = default_outputs_in_place(cache_.target());
 }
 
@@ -143,6 +145,25 @@ int DeviceStepRunner::default_overlap_parts(const std::string& target) {
   // 0.766 in bfloat16 (3: 0.786 / 0.785, 4: 0.789 / 0.800), against 0.970 / 0.929 and 0.883 /
   // 0.897 phase by phase (step()). Vulkan never runs in parts.
   return is_cuda_target(target) ? 2 : 1;
+}
+
+int DeviceStepRunner::default_plan_tasks(const std::string&) {
+  // Measured 2026-12-04 (H200 host, 16 threads; Vulkan gpu-decode, 64-step loops on resident
+  // tables, medians, each count twice in one process;
+  // experiments/results/gpu/2026-12-04/gpu_bench_loop_plan_tasks.json): the plan took 0.186 /
+  // 0.274 ms (float32) and 0.179 / 0.230 (bfloat16) on the calling thread, 0.175 / 0.174 and
+  // 0.169 / 0.187 in 4 tasks, 0.179 / 0.150 and 0.159 / 0.203 in one per hardware thread (8
+  // here: 128 queries, at least 16 a task). CUDA builds a decode step's tiles on the device.
+  return 0;
+}
+
+void DeviceStepRunner::set_plan_tasks(int tasks) {
+  if (tasks < 0) throw InputError("plan_tasks", "0 (one per hardware thread) or more", std::to_string(tasks));
+  PlanOptions o = planner_.options();
+  o.parallel_heads = tasks != 1;
+  o.sequence_chunks = tasks;
+  planner_.set_options(o);
+  plan_tasks_ = tasks;
 }
 
 void DeviceStepRunner::set_overlap_parts(int parts) {
@@ -253,8 +274,7 @@ OutputsView DeviceStepRunner::step_and_read(const StepInputs& s, bool check_bloc
   return read_outputs();
 }
 
-std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
-  Stopwatch t;
+InputsView DeviceStepRunner::plan_view(const StepInputs& s, bool* check_block_tables) const {
   const DeviceCacheShape& cs = cache_.shape();
   // (The plan would name the pool's dtype, which the runner, not the caller, gives it.)
   if (s.q.dtype != cs.dtype) throw InputError("q", "dtype " + dtype_name(cs.dtype) + " (the cache's)", dtype_name(s.q.dtype));
@@ -277,7 +297,7 @@ std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool
     }
     if (!has_tables_) throw InputError("block_tables", "written by write_block_tables before a step with resident_tables", "none");
     in.block_tables = block_tables();
-    check_block_tables = false;  // checked where they were written
+    *check_block_tables = false;  // checked where they were written
   }
   in.cu_seqlens_q = s.cu_seqlens_q;
   in.used_kv_lens = s.used_kv_lens;
@@ -285,6 +305,25 @@ std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool
   in.page_size = cs.page_size;
   in.causal = s.causal;
   in.softmax_scale = s.softmax_scale;
+  return in;
+}
+
+const Plan& DeviceStepRunner::plan() const {
+  if (!plan_) throw BackendError("device step: no step prepared");
+  return *plan_;
+}
+
+const Plan& DeviceStepRunner::host_plan(const StepInputs& s, bool check_block_tables) {
+  const InputsView in = plan_view(s, &check_block_tables);
+  // The planner's plan is the last step's no longer: its outputs and launch() wait for a step.
+  outputs_at_ = OutputsAt::kNone;
+  if (plan_ == &planner_.current()) plan_ = nullptr;
+  return check_block_tables ? planner_.plan(in) : planner_.plan_checked_tables(in);
+}
+
+std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
+  Stopwatch t;
+  const InputsView in = plan_view(s, &check_block_tables);
   // On CUDA, q goes up beside the plan and the plan's arrays (a task each on Halide's thread
   // pool): the plan reads no q value, and q's copy is a DMA from page-locked staging that the host
   // only waits for. On Vulkan, a q in the runner's mapping is submitted before the plan (below,

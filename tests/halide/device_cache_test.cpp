@@ -604,6 +604,73 @@ TEST_P(DeviceCacheTest, OverlappedStepEqualsThePhaseByPhaseStep) {
 }
 
 
+// The host plan in any number of tasks (set_plan_tasks: the calling thread alone, tasks on
+// Halide's pool, one per hardware thread) gives the same step bit for bit, and the oracle's: 48
+// decode sequences (three tasks of 16 queries) and a prefill-like step of 6 queries per sequence
+// (the indexed plan, each KV head's sequences in chunks).
+TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
+  const Param& p = GetParam();
+  REQUIRE_DEVICE(p.target);
+  for (const int64_t qo : {1, 6}) {
+    experiments::CaseSpec spec;
+    const int64_t B = qo == 1 ? 48 : 5;
+    spec.qo.assign(static_cast<size_t>(B), qo);
+    for (int64_t b = 0; b < B; ++b) spec.kv.push_back(qo + (b * 37) % 90);
+    spec.Hq = 4;
+    spec.Hkv = 2;
+    spec.D = 32;
+    spec.block_size = 8;
+    spec.page_size = 4;
+    spec.topk = 3;
+    spec.pad_prob = 0.2;
+    spec.dup_prob = 0.1;
+    spec.dtype = p.dtype;
+    spec.seed = static_cast<uint64_t>(B);
+    const Inputs in = experiments::make_case(spec);
+    const int64_t P = in.k_pages.shape[0];
+    DeviceKvCache cache(p.target, DeviceCacheShape{P, spec.Hkv, spec.page_size, spec.D, p.dtype});
+    std::vector<int32_t> all(static_cast<size_t>(P));
+    std::iota(all.begin(), all.end(), 0);
+    const InputsView view(in);
+    cache.write_pool_pages(TensorView<const int32_t>(all.data(), {P}), view.k_pages, view.v_pages);
+    const Inputs values = testing::values_only(in);
+    const Outputs oracle = reference::dense_attention<double>(values, validate(values));
+    DeviceStepRunner runner(cache, p.schedule);
+    EXPECT_EQ(runner.plan_tasks(), DeviceStepRunner::default_plan_tasks(p.target));
+    Outputs first;
+    for (const int tasks : {1, 2, 3, 0}) {
+      SCOPED_TRACE("queries per sequence " + std::to_string(qo) + ", plan tasks " + std::to_string(tasks));
+      runner.set_plan_tasks(tasks);
+      EXPECT_EQ(runner.plan_tasks(), tasks);
+      runner.step(StepInputs(view));
+      Outputs got = outputs_for(runner.plan().problem);
+      runner.read_outputs(got);
+      const auto err = experiments::compare_outputs(got, oracle);
+      EXPECT_TRUE(err.ok()) << "max|out err| " << err.max_out_err << " max|lse err| " << err.max_lse_err;
+      if (tasks == 1) {
+        first = std::move(got);
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(got.out.data.data(), first.out.data.data(), first.out.data.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(got.lse.data.data(), first.lse.data.data(), first.lse.data.size() * sizeof(float)), 0);
+    }
+    EXPECT_THROW(runner.set_plan_tasks(-1), InputError);
+    EXPECT_EQ(runner.plan_tasks(), 0);
+    // The host plan alone (host_plan): the step's plan, nothing launched; the last step's outputs
+    // are no longer readable, nor can its kernels run again, until the next step.
+    const Plan& alone = runner.host_plan(StepInputs(view));
+    EXPECT_EQ(alone.attended_pairs, make_plan(view, {}).attended_pairs);
+    EXPECT_THROW(runner.read_outputs(), BackendError);
+    EXPECT_THROW(runner.launch(), BackendError);
+    EXPECT_THROW(runner.plan(), BackendError);
+    runner.step(StepInputs(view));
+    Outputs again = outputs_for(runner.plan().problem);
+    runner.read_outputs(again);
+    EXPECT_EQ(std::memcmp(again.out.data.data(), first.out.data.data(), first.out.data.size() * sizeof(float)), 0);
+  }
+}
+
+
 std::vector<Param> params() {
   std::vector<Param> ps;
   for (const char* target : {"host-vulkan", "host-cuda"}) {

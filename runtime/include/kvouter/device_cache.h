@@ -302,6 +302,10 @@ class DeviceStepRunner {
   // Planner::plan_checked_tables; a decode step in the fixed decode layout, plan.h) and runs one
   // step: prepare(), then launch(). out/lse stay on the device.
   void step(const StepInputs& in, bool check_block_tables = true);
+  // The host plan of a step as step() makes it (decode layout, tasks; without building tiles on
+  // the device), uploading and launching nothing: to time the plan alone (its plan_ms). The last
+  // step's outputs are no longer readable after it, and launch() waits for the next step.
+  const Plan& host_plan(const StepInputs& in, bool check_block_tables = true);
   // The block tables for steps with StepInputs::resident_tables ([B, max_pages], SPEC's
   // block_tables), kept on the device: written whole, every entry checked once here (a page id
   // below the cache's num_pages, or negative for none) ...
@@ -353,13 +357,21 @@ class DeviceStepRunner {
   void set_overlap_parts(int parts);
   int overlap_parts() const { return overlap_parts_; }
   static int default_overlap_parts(const std::string& target);
+  // How the host plans a step: 1 on the calling thread alone; n > 1 in n tasks at once on
+  // Halide's thread pool (a decode step's queries, at least 16 a task; otherwise each KV head's
+  // sequences in n chunks); 0 as many tasks as the machine has hardware threads. Default: the
+  // fastest measured on the target (default_plan_tasks).
+  void set_plan_tasks(int tasks);
+  int plan_tasks() const { return plan_tasks_; }
+  static int default_plan_tasks(const std::string& target);
   // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
   // page-locked on CUDA; on Vulkan mapped memory that the device copies from). A step whose StepInputs::q views this memory, with that shape, uploads
   // it as it lies: an engine that writes q here has no host copy in its step. Valid until the
   // next call of q_staging (a larger shape may move it).
   void* q_staging(int64_t Tq, int64_t Hq);
   const StepTiming& timing() const { return timing_; }
-  const Plan& plan() const { return *plan_; }
+  // The last prepared step's plan (a BackendError before any, or after host_plan()).
+  const Plan& plan() const;
   // The last prepared kernels' name (an AOT variant's, or the JIT's key); empty before a step.
   std::string variant() const { return kernels_ ? kernels_->name : std::string(); }
   // The largest query batch's partials a plan for this cache's device may hold (PlanOptions).
@@ -368,6 +380,9 @@ class DeviceStepRunner {
  private:
   struct Batch;
   void init(PlanOptions options);
+  // The plan's view of a step (the pool's shape, the runner's tables where resident; then
+  // *check_block_tables false).
+  InputsView plan_view(const StepInputs& in, bool* check_block_tables) const;
   // step() and step_and_read(): the outputs where the step ran overlapped (read back already).
   std::optional<OutputsView> step_with(const StepInputs& in, bool check_block_tables, bool overlap);
   // step_and_read on CUDA: whether the prepared plan can run in parts; the run (q's rows copied
@@ -440,6 +455,7 @@ class DeviceStepRunner {
   std::vector<VulkanRead> reads_;
   // The overlapped step's streams (CUDA), and what it read.
   int overlap_parts_ = 1;
+  int plan_tasks_ = 0;
   std::unique_ptr<CudaStreams> streams_;
   int64_t q_parts_ = 0;  // the parts of the last overlapped step
 };

@@ -218,6 +218,8 @@ class Planner {
 
   const Plan& current() const { return plan_; }
   const PlanOptions& options() const { return opt_; }
+  // New options for the next plans (the scratch arrays are kept).
+  void set_options(const PlanOptions& opt) { opt_ = opt; }
 
  private:
   const Plan& build(const InputsView& in, bool check_block_tables, bool on_device = false);
