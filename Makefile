@@ -100,8 +100,10 @@ notebooks: $(VENV)/.installed
 
 # The bundle carried to the lent GPU machine (experiments/gpu/h200_run.sh reads it): the portable
 # `gpu-carry` build, stripped and compressed (xz), with Halide's library (xz) and the GPU autoschedulers' plugins in
-# .carry/, and Debian's Vulkan loader and libglvnd packages in .gl/. Under the device's 64 MiB.
-CARRY_BINS ?= kvouter_gpu_bench vulkan_test vk_pipeline_stats
+# .carry/, and Debian's Vulkan loader and libglvnd packages in .gl/. Under the device's 64 MiB
+# with the repository. vk_pipeline_stats and the GPU-shape kernels' SPIR-V (h200_run.sh vkstats)
+# come only when asked: CARRY_BINS="kvouter_gpu_bench vulkan_test vk_pipeline_stats".
+CARRY_BINS ?= kvouter_gpu_bench vulkan_test
 CARRY_DEBS := libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2
 HALIDE_LIB = "$$($(PY) -c 'import halide, os; print(os.path.join(os.path.dirname(halide.__file__), "lib64"))')"
 gpu-carry: $(VENV)/.installed
@@ -112,9 +114,9 @@ gpu-carry: $(VENV)/.installed
 	xz -T$(JOBS) -6 -c $(HALIDE_LIB)/libHalide.so > .carry/lib/libHalide.so.xz
 	cp $(HALIDE_LIB)/libautoschedule_anderson2021.so $(HALIDE_LIB)/libautoschedule_mullapudi2016.so .carry/lib/
 	cp /lib/x86_64-linux-gnu/libgomp.so.1 /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 .carry/lib/
-	rm -rf .carry/spv && for s in build-gpu/generators/kvouter_vulkan_onepass_d128_p64_b128_q16_*_host_vulkan_*_fwd.stmt \
+	$(if $(filter vk_pipeline_stats,$(CARRY_BINS)),for s in build-gpu/generators/kvouter_vulkan_onepass_d128_p64_b128_q16_*_host_vulkan_*_fwd.stmt \
 	  build-gpu/generators/kvouter_vulkan_tiled_d128_p64_b128_q16_t1_host_vulkan_*_fwd.stmt; do \
-	  $(PY) experiments/gpu/spirv_dis.py $$s --spv-dir .carry/spv > /dev/null; done
+	  $(PY) experiments/gpu/spirv_dis.py $$s --spv-dir .carry/spv > /dev/null; done)
 	cd .gl && rm -f *.deb && apt-get download $(CARRY_DEBS)
 	du -sh .carry .gl
 

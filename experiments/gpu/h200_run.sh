@@ -3,8 +3,9 @@
 # carried loader, then the gpu tests, the GPU benchmark and the PyTorch comparison, all on the
 # same inputs. Carried (built here by `make gpu-carry`; add kvouter to CARRY_BINS for `sweep`):
 #   .gl/*.deb                    Debian's Vulkan loader + libglvnd (unpacked into / here)
-#   .carry/bin/{kvouter_gpu_bench,vulkan_test,vk_pipeline_stats[,kvouter]}.xz   portable builds (unpacked to /tmp/kvbin)
-#   .carry/spv/*.spv             the GPU-shape Vulkan kernels' SPIR-V (for the vkstats step)
+#   .carry/bin/{kvouter_gpu_bench,vulkan_test[,vk_pipeline_stats][,kvouter]}.xz   portable builds (unpacked to /tmp/kvbin)
+#   .carry/spv/*.spv             the GPU-shape Vulkan kernels' SPIR-V (for the vkstats step; with
+#                                vk_pipeline_stats in CARRY_BINS)
 #   .carry/lib/{libHalide.so.xz,libautoschedule_*.so,libgomp.so.1,libyaml-cpp.so.0.7}
 # Usage: experiments/gpu/h200_run.sh STEP...   (steps: env tests bench vkstats torch sweep)
 set -uo pipefail
