@@ -178,6 +178,7 @@ int run(int argc, char** argv) {
     }
   }
   std::vector<int> plan_tasks;  // -1: the runner's default
+  if (loop_plan_tasks.empty()) throw InputError("--loop-plan-tasks", "default and/or task counts", "an empty list");
   for (const auto& p : loop_plan_tasks) {
     char* end = nullptr;
     const long n = p == "default" ? -1 : std::strtol(p.c_str(), &end, 10);
@@ -388,10 +389,10 @@ int run(int argc, char** argv) {
                 l["pool"] = pool;
                 shape_doc["loops"].push_back(l);
               } catch (const std::exception& e) {
-                shape_doc["loops"].push_back(
-                    {{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables}, {"error", e.what()}});
-                std::fprintf(stderr, "%s loop %s %s %s %s: ERROR %s\n", label.c_str(), target.c_str(), pool.c_str(),
-                             staging.c_str(), tables.c_str(), e.what());
+                shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables},
+                                              {"plan_tasks", tasks}, {"plan_probe", loop_plan_probe}, {"error", e.what()}});
+                std::fprintf(stderr, "%s loop %s %s %s %s plan tasks %d%s: ERROR %s\n", label.c_str(), target.c_str(),
+                             pool.c_str(), staging.c_str(), tables.c_str(), tasks, loop_plan_probe ? " (probe)" : "", e.what());
               }
               write_partial();
             }

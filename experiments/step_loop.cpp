@@ -45,6 +45,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     if (!opt.in_place) throw InputError("overlap_parts", "a loop with in_place staging", "copy staging");
     r["staging"] = "overlapped";
     r["overlap_parts"] = opt.overlap_parts;
+    if (opt.plan_probe) throw InputError("plan_probe", "steps run phase by phase (overlap_parts 0)", std::to_string(opt.overlap_parts) + " parts");
   }
   if (opt.resident_tables) {
     r["decode_plan_on_device"] = opt.decode_plan_on_device < 0 ? DeviceStepRunner::default_decode_plan_on_device(opt.target)

@@ -45,7 +45,9 @@ struct StepLoopOptions {
   int plan_tasks = -1;
   // Before each step, the runner's host plan of the same inputs, timed alone (DeviceStepRunner::
   // host_plan; the step's own plan then finds their lines in the caches): where the step's plan
-  // time goes, its work or its first touch of the inputs after the device waits.
+  // time goes, its work or its first touch of the inputs after the device waits. Always the whole
+  // host plan: where the step builds a decode step's tiles on the device (CUDA, resident tables)
+  // the host's part of its plan is smaller. Not with overlap_parts.
   bool plan_probe = false;
 };
 

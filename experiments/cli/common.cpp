@@ -61,8 +61,8 @@ void main_help() {
                "  demo [--shape NAME]   run a named shape through every backend, print a table\n"
                "  compare (CASE_DIR | --shape NAME) [--schedule S] [--target T] [--repeat N] [--warmup-ms MS]\n"
                "          [--max-ratio R]   time the AOT kernel a case selects against the JIT compile of\n"
-               "      the same configuration, as run times them; exit 1 past R (default 1.15) in the\n"
-               "      median of the alternating rounds' ratios\n"
+               "      the same configuration, as run times them, in pairs of rounds (N rounded up to\n"
+               "      whole pairs); exit 1 past R (default 1.15) in the median of the pairs' ratios\n"
                "  roofline              measure this machine's FP32 FMA peak and read bandwidth (JSON)\n"
                "  make-case SHAPE DIR [--dtype D]  write a SPEC section 5 shape as a case folder\n"
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
@@ -89,7 +89,8 @@ bool command_help(const std::string& cmd) {
                   "                       [--warmup-ms MS] [--max-ratio R]\n  time the AOT kernel the case "
                   "selects against the JIT compile of the same configuration (its knobs and T), in one "
                   "process and alternating rounds, timed as `kvouter run` times them; exit 1 when, in the "
-                  "median of the rounds' own ratios, the slower takes more than R times the faster (default "
+                  "median over pairs of rounds (AOT first, then JIT first; N rounded up to whole pairs) of "
+                  "their own ratios, the slower takes more than R times the faster (default "
                   "1.15), or when the outputs disagree\n"},
       {"roofline", "usage: kvouter roofline\n  measure this machine's FP32 FMA peak and read bandwidth; prints "
                    "one JSON line\n"},

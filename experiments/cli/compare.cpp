@@ -21,8 +21,8 @@ namespace kvouter::cli {
 
 // The AOT kernel a plan selects and the JIT compile of the same configuration (schedule, knobs and
 // T of that variant), timed in this process the way `kvouter run` times them, in alternating
-// rounds. Exit 1 when, in the median of the rounds' own ratios, the slower is more than
-// --max-ratio times the faster, or when the two disagree beyond SPEC's tolerance.
+// rounds. Exit 1 when, in the median over pairs of rounds of their own ratios, the slower is
+// more than --max-ratio times the faster, or when the two disagree beyond SPEC's tolerance.
 int cmd_compare(const std::vector<std::string>& a) {
   std::string case_dir, shape, schedule = kx::default_cpu_schedule(), target = "host";
   int repeat = 5;
@@ -60,13 +60,16 @@ int cmd_compare(const std::vector<std::string>& a) {
   }
   jit_cfg.params["T"] = std::to_string(aot.plan.tiles.T);
   const Prepared jit = prepare(jit_cfg, in);
-  // Alternating rounds of one repetition each, AOT first in even rounds and JIT first in odd ones;
-  // the first round of each starts with an untimed call (the JIT's compile, either's set-up).
-  // The guard reads the median of the rounds' own ratios: the two halves of a round run back to
-  // back, so a slow moment of the machine slows both (a ratio of the two medians mixes moments).
+  // Rounds of one repetition each, in pairs: AOT first in a pair's first round, JIT first in its
+  // second (--repeat rounded up to whole pairs); the first round of each starts with an untimed
+  // call (the JIT's compile, either's set-up). The guard reads the median over pairs of each
+  // pair's ratio (the geometric mean of its two rounds' own ratios): the two halves of a round run
+  // back to back, so a slow moment of the machine slows both (the ratio of two medians mixes
+  // moments), and each pair weighs both orders alike (a cost of running second cancels).
   kx::Measurement am, jm;
-  std::vector<double> round_ratio;
-  for (int i = 0; i < repeat; ++i) {
+  std::vector<double> pair_ratio;
+  const int pairs = (repeat + 1) / 2;
+  for (int i = 0; i < 2 * pairs; ++i) {
     kx::MeasureOptions opt;
     opt.repeats = 1;
     opt.warmup_ms = warmup_ms;
@@ -75,17 +78,19 @@ int cmd_compare(const std::vector<std::string>& a) {
       const bool aot_now = (side == 0) == (i % 2 == 0);
       (aot_now ? am : jm).append(kx::measure(*(aot_now ? aot : jit).backend, (aot_now ? aot : jit).plan, in, opt));
     }
-    round_ratio.push_back(am.ms.back() / jm.ms.back());
+    const double r = am.ms.back() / jm.ms.back();
+    if (i % 2 == 0) pair_ratio.push_back(r);
+    else pair_ratio.back() = std::sqrt(pair_ratio.back() * r);
   }
   print_summary(aot, am);
   print_summary(jit, jm);
   const auto err = kx::compare_outputs(am.out, jm.out);
-  std::sort(round_ratio.begin(), round_ratio.end());
-  const size_t n = round_ratio.size();
-  const double paired = n % 2 == 1 ? round_ratio[n / 2] : std::sqrt(round_ratio[n / 2 - 1] * round_ratio[n / 2]);
+  std::sort(pair_ratio.begin(), pair_ratio.end());
+  const size_t n = pair_ratio.size();
+  const double paired = n % 2 == 1 ? pair_ratio[n / 2] : std::sqrt(pair_ratio[n / 2 - 1] * pair_ratio[n / 2]);
   const double ratio = std::max(paired, 1.0 / paired);
   const bool ok = ratio <= max_ratio && err.ok();
-  std::printf("compare: variant=%s aot_ms=%.3f jit_ms=%.3f aot/jit=%.3f (median of %zu rounds' ratios; of the medians "
+  std::printf("compare: variant=%s aot_ms=%.3f jit_ms=%.3f aot/jit=%.3f (median of %zu pairs of rounds; of the medians "
               "%.3f) max_ratio=%.2f max_out_err=%.2e %s\n",
               v.name.c_str(), am.median(), jm.median(), paired, n, am.median() / jm.median(), max_ratio, err.max_out_err,
               ok ? "ok" : (err.ok() ? "SLOWER" : "MISMATCH"));

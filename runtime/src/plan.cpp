@@ -365,7 +365,8 @@ int64_t machine_threads() {
 }
 
 int64_t chunks_per_head(const Problem& p, int64_t asked) {
-  if (asked > 0) return std::clamp<int64_t>(asked, 1, std::max<int64_t>(p.B, 1));
+  // Asked: that many tasks in all, rounded up to a multiple of the KV heads.
+  if (asked > 0) return std::clamp<int64_t>((asked + p.Hkv - 1) / std::max<int64_t>(p.Hkv, 1), 1, std::max<int64_t>(p.B, 1));
   const int64_t threads = machine_threads();
   return std::clamp<int64_t>((threads + p.Hkv - 1) / p.Hkv, 1, std::max<int64_t>(p.B / 8, 1));
 }

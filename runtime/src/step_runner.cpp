@@ -101,9 +101,8 @@ DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, const std::string& sche
   if (!any) throw BackendError("device step: no generated kernel for schedule '" + schedule + "' and target '" + cache.target() + "'");
   pick_ = aot_picker(schedule, cache.target(), name);
   PlanOptions o{tile_edges_of(checked_knobs(knobs))};
-  // The KV heads planned at once: the step's host work is on the device's critical path.
-  o.parallel_heads = true;
   init(o);
+  set_plan_tasks(default_plan_tasks(cache.target()));
 }
 
 DeviceStepRunner::DeviceStepRunner(DeviceKvCache& cache, KernelPicker pick, PlanOptions options)
@@ -121,8 +120,6 @@ void DeviceStepRunner::init(PlanOptions o) {
   q_ = std::make_unique<DeviceArray>(storage_type(cache_.shape().dtype), cache_.array_spec(), true, true);
   host_out_ = std::make_unique<PinnedHost>(cache_.array_spec().pin);
   overlap_parts_ = default_overlap_parts(cache_.target());
-  // (A picker's caller may have asked for the calling thread alone, or for its chunks.)
-  set_plan_tasks(!o.parallel_heads ? 1 : o.sequence_chunks > 0 ? static_cast<int>(o.sequence_chunks) : default_plan_tasks(cache_.target()));
   outputs_in_place_on_ = default_outputs_in_place(cache_.target());
 }
 
@@ -153,7 +150,9 @@ int DeviceStepRunner::default_plan_tasks(const std::string&) {
   // experiments/results/gpu/2026-12-04/gpu_bench_loop_plan_tasks.json): the plan took 0.186 /
   // 0.274 ms (float32) and 0.179 / 0.230 (bfloat16) on the calling thread, 0.175 / 0.174 and
   // 0.169 / 0.187 in 4 tasks, 0.179 / 0.150 and 0.159 / 0.203 in one per hardware thread (8
-  // here: 128 queries, at least 16 a task). CUDA builds a decode step's tiles on the device.
+  // here: 128 queries, at least 16 a task): within the loops' spread beyond the calling thread,
+  // so the default stays one per hardware thread. (CUDA builds a decode step's tiles on the
+  // device where the tables are resident.)
   return 0;
 }
 
@@ -308,6 +307,12 @@ InputsView DeviceStepRunner::plan_view(const StepInputs& s, bool* check_block_ta
   return in;
 }
 
+void DeviceStepRunner::forget_own_plan() {
+  if (plan_ != &planner_.current()) return;  // a caller's plan (prepare) is not the planner's
+  plan_ = nullptr;
+  outputs_at_ = OutputsAt::kNone;
+}
+
 const Plan& DeviceStepRunner::plan() const {
   if (!plan_) throw BackendError("device step: no step prepared");
   return *plan_;
@@ -315,15 +320,16 @@ const Plan& DeviceStepRunner::plan() const {
 
 const Plan& DeviceStepRunner::host_plan(const StepInputs& s, bool check_block_tables) {
   const InputsView in = plan_view(s, &check_block_tables);
-  // The planner's plan is the last step's no longer: its outputs and launch() wait for a step.
-  outputs_at_ = OutputsAt::kNone;
-  if (plan_ == &planner_.current()) plan_ = nullptr;
+  forget_own_plan();
   return check_block_tables ? planner_.plan(in) : planner_.plan_checked_tables(in);
 }
 
 std::optional<OutputsView> DeviceStepRunner::step_with(const StepInputs& s, bool check_block_tables, bool overlap_asked) {
   Stopwatch t;
   const InputsView in = plan_view(s, &check_block_tables);
+  // The planner writes over its last plan (a refused step too): that step's outputs and kernels
+  // are gone with it.
+  forget_own_plan();
   // On CUDA, q goes up beside the plan and the plan's arrays (a task each on Halide's thread
   // pool): the plan reads no q value, and q's copy is a DMA from page-locked staging that the host
   // only waits for. On Vulkan, a q in the runner's mapping is submitted before the plan (below,

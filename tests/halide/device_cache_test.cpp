@@ -409,6 +409,9 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
       } catch (const InputError& err) {
         EXPECT_NE(std::string(err.what()).find("selected"), std::string::npos) << err.what();
       }
+      // The refused plan was written over the last step's: its outputs and kernels are gone too.
+      EXPECT_THROW(in_place.read_outputs(), BackendError);
+      EXPECT_THROW(in_place.launch(), BackendError);
     }
     in_place.step(s);
     EXPECT_EQ(in_place.timing().outputs_in_place, vulkan);
@@ -606,8 +609,8 @@ TEST_P(DeviceCacheTest, OverlappedStepEqualsThePhaseByPhaseStep) {
 
 // The host plan in any number of tasks (set_plan_tasks: the calling thread alone, tasks on
 // Halide's pool, one per hardware thread) gives the same step bit for bit, and the oracle's: 48
-// decode sequences (three tasks of 16 queries) and a prefill-like step of 6 queries per sequence
-// (the indexed plan, each KV head's sequences in chunks).
+// decode sequences (the decode layout in 2 or 3 query ranges) and 5 sequences of 6 queries (the
+// indexed plan, each KV head's sequences in up to 2 chunks).
 TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
   const Param& p = GetParam();
   REQUIRE_DEVICE(p.target);
@@ -642,6 +645,8 @@ TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
       SCOPED_TRACE("queries per sequence " + std::to_string(qo) + ", plan tasks " + std::to_string(tasks));
       runner.set_plan_tasks(tasks);
       EXPECT_EQ(runner.plan_tasks(), tasks);
+      EXPECT_EQ(runner.plan_options().parallel_heads, tasks != 1);
+      EXPECT_EQ(runner.plan_options().sequence_chunks, tasks);
       runner.step(StepInputs(view));
       Outputs got = outputs_for(runner.plan().problem);
       runner.read_outputs(got);
@@ -667,6 +672,20 @@ TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
     Outputs again = outputs_for(runner.plan().problem);
     runner.read_outputs(again);
     EXPECT_EQ(std::memcmp(again.out.data.data(), first.out.data.data(), first.out.data.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(again.lse.data.data(), first.lse.data.data(), first.lse.data.size() * sizeof(float)), 0);
+  }
+  {
+    // A runner made with its own PlanOptions plans as they say until set_plan_tasks.
+    PlanOptions o;
+    o.parallel_heads = true;
+    o.sequence_chunks = 5;
+    DeviceKvCache cache(p.target, DeviceCacheShape{8, 2, 4, 32, p.dtype});
+    DeviceStepRunner runner(cache, [](const Plan&) -> const halide::Kernels& { throw BackendError("not run"); }, o);
+    EXPECT_EQ(runner.plan_tasks(), -1);
+    EXPECT_TRUE(runner.plan_options().parallel_heads);
+    EXPECT_EQ(runner.plan_options().sequence_chunks, 5);
+    runner.set_plan_tasks(1);
+    EXPECT_FALSE(runner.plan_options().parallel_heads);
   }
 }
 

@@ -455,8 +455,9 @@ TEST(Planner, HeadsPlannedAtOnceGiveTheSamePlan) {
     expect_same_plan(parallel.plan_checked_tables(in), make_plan(in));
   }
   // Each head's sequences in chunks planned at once too (decode steps: many sequences, few
-  // heads), on every kind, and on decode's geometry with 2, 3 and 64 chunks (64: one sequence each).
-  for (const int64_t chunks : {2, 3, 64}) {
+  // heads), on every kind, and on decode's geometry, in 2, 3 and 4096 tasks (rounded up to a
+  // multiple of the heads; 4096: one sequence each).
+  for (const int64_t chunks : {2, 3, 4096}) {
     SCOPED_TRACE("chunks " + std::to_string(chunks));
     PlanOptions copt = opt;
     copt.sequence_chunks = chunks;

@@ -303,8 +303,10 @@ class DeviceStepRunner {
   // step: prepare(), then launch(). out/lse stay on the device.
   void step(const StepInputs& in, bool check_block_tables = true);
   // The host plan of a step as step() makes it (decode layout, tasks; without building tiles on
-  // the device), uploading and launching nothing: to time the plan alone (its plan_ms). The last
-  // step's outputs are no longer readable after it, and launch() waits for the next step.
+  // the device), uploading and launching nothing: to time the plan alone (its plan_ms). Valid
+  // until the next step or host_plan. It replaces the runner's own last plan: that step's outputs
+  // are no longer readable, and launch() waits for the next step (a plan the caller prepared
+  // stays).
   const Plan& host_plan(const StepInputs& in, bool check_block_tables = true);
   // The block tables for steps with StepInputs::resident_tables ([B, max_pages], SPEC's
   // block_tables), kept on the device: written whole, every entry checked once here (a page id
@@ -357,12 +359,13 @@ class DeviceStepRunner {
   void set_overlap_parts(int parts);
   int overlap_parts() const { return overlap_parts_; }
   static int default_overlap_parts(const std::string& target);
-  // How the host plans a step: 1 on the calling thread alone; n > 1 in n tasks at once on
-  // Halide's thread pool (a decode step's queries, at least 16 a task; otherwise each KV head's
-  // sequences in n chunks); 0 as many tasks as the machine has hardware threads. Default: the
-  // fastest measured on the target (default_plan_tasks).
+  // How the host plans a step: 1 on the calling thread alone; n > 1 in about n tasks at once on
+  // Halide's thread pool (PlanOptions::sequence_chunks); 0 about as many as the machine has
+  // hardware threads. Default: default_plan_tasks (measured) for a runner of a schedule; a runner
+  // made with PlanOptions plans as they say (plan_tasks() -1) until this is called.
   void set_plan_tasks(int tasks);
   int plan_tasks() const { return plan_tasks_; }
+  const PlanOptions& plan_options() const { return planner_.options(); }
   static int default_plan_tasks(const std::string& target);
   // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
   // page-locked on CUDA; on Vulkan mapped memory that the device copies from). A step whose StepInputs::q views this memory, with that shape, uploads
@@ -370,7 +373,8 @@ class DeviceStepRunner {
   // next call of q_staging (a larger shape may move it).
   void* q_staging(int64_t Tq, int64_t Hq);
   const StepTiming& timing() const { return timing_; }
-  // The last prepared step's plan (a BackendError before any, or after host_plan()).
+  // The last prepared step's plan (a BackendError before any, or after a refused step or
+  // host_plan() replaced it).
   const Plan& plan() const;
   // The last prepared kernels' name (an AOT variant's, or the JIT's key); empty before a step.
   std::string variant() const { return kernels_ ? kernels_->name : std::string(); }
@@ -383,6 +387,9 @@ class DeviceStepRunner {
   // The plan's view of a step (the pool's shape, the runner's tables where resident; then
   // *check_block_tables false).
   InputsView plan_view(const StepInputs& in, bool* check_block_tables) const;
+  // Before the planner writes over its plan: where the prepared step is the planner's, the step's
+  // outputs and launch() go with it.
+  void forget_own_plan();
   // step() and step_and_read(): the outputs where the step ran overlapped (read back already).
   std::optional<OutputsView> step_with(const StepInputs& in, bool check_block_tables, bool overlap);
   // step_and_read on CUDA: whether the prepared plan can run in parts; the run (q's rows copied
@@ -455,7 +462,7 @@ class DeviceStepRunner {
   std::vector<VulkanRead> reads_;
   // The overlapped step's streams (CUDA), and what it read.
   int overlap_parts_ = 1;
-  int plan_tasks_ = 0;
+  int plan_tasks_ = -1;
   std::unique_ptr<CudaStreams> streams_;
   int64_t q_parts_ = 0;  // the parts of the last overlapped step
 };

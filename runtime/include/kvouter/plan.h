@@ -75,7 +75,8 @@ struct PlanWorkspace {
 // Linear in the edges: each (head, sequence)'s edges counting-sorted by block (plus a word per 64
 // blocks of the span its selections touch).
 // parallel: the KV heads planned at once on Halide's thread pool, each head's sequences in
-// `sequence_chunks` tasks (0: enough for the machine's threads); the same index.
+// chunks, `sequence_chunks` tasks in all rounded up to a multiple of the heads (0: enough for the
+// machine's threads); the same index.
 KvIndex build_kvouter_index(const InputsView& in, const Problem& p);
 void build_kvouter_index(const InputsView& in, const Problem& p, PlanWorkspace& ws, KvIndex* ix,
                          bool parallel = false, int64_t sequence_chunks = 0);
@@ -139,8 +140,10 @@ struct PlanOptions {
   // Plan the KV heads at once on Halide's thread pool (a GPU step's host has the cores to spare),
   // each head's sequences split into chunks planned at once too; false: on the calling thread alone.
   bool parallel_heads = false;
-  // With parallel_heads: the chunks of each head's sequences; 0 = automatic (the machine's
-  // threads over the KV heads, chunks of at least 8 sequences).
+  // With parallel_heads: the plan's tasks. A decode layout's query ranges (at least 16 queries a
+  // task), or an indexed plan's (KV head, chunk of its sequences) pairs, this many rounded up to a
+  // multiple of the KV heads. 0 = automatic: about the machine's hardware threads (an indexed
+  // plan's chunks of at least 8 sequences).
   int64_t sequence_chunks = 0;
   // Decode steps (every sequence one query) in the fixed decode layout (build_decode_tiles):
   // their tiles straight from the selection, without a KvIndex. For the device step runner, whose
