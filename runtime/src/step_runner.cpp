@@ -670,7 +670,7 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
 }
 
 void DeviceStepRunner::launch() {
-  if (!plan_) throw BackendError("device step: launch() before prepare()");
+  if (!plan_) throw BackendError("device step: launch() with no step prepared (none yet, or the last refused or replaced by host_plan)");
   outputs_at_ = OutputsAt::kNone;
   timing_.outputs_in_place = false;
   Stopwatch t;
@@ -803,7 +803,7 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
 }
 
 void DeviceStepRunner::require_outputs() const {
-  if (!plan_) throw BackendError("device step: read_outputs() before a step");
+  if (!plan_) throw BackendError("device step: read_outputs() with no step prepared (none yet, or the last refused or replaced by host_plan)");
   if (outputs_at_ == OutputsAt::kNone) {
     throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
   }
