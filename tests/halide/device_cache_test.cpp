@@ -479,6 +479,36 @@ TEST_P(DeviceCacheTest, InPlaceStagingMatchesTheCopyPath) {
   }
 }
 
+// B sequences of qo queries each (lengths qo + (b * 37) % 90) over 2 KV heads of 4 query heads,
+// D 32, blocks of 8 positions in pages of 4, top-3 with padding and repeated ranks.
+experiments::CaseSpec small_steps(int64_t B, int64_t qo, Dtype dtype) {
+  experiments::CaseSpec spec;
+  spec.qo.assign(static_cast<size_t>(B), qo);
+  for (int64_t b = 0; b < B; ++b) spec.kv.push_back(qo + (b * 37) % 90);
+  spec.Hq = 4;
+  spec.Hkv = 2;
+  spec.D = 32;
+  spec.block_size = 8;
+  spec.page_size = 4;
+  spec.topk = 3;
+  spec.pad_prob = 0.2;
+  spec.dup_prob = 0.1;
+  spec.dtype = dtype;
+  spec.seed = static_cast<uint64_t>(B);
+  return spec;
+}
+
+// A cache shaped as the case's whole pool, and that pool written into it page for page.
+DeviceCacheShape pool_shape(const Inputs& in, Dtype dtype) {
+  return DeviceCacheShape{in.k_pages.shape[0], in.k_pages.shape[1], in.k_pages.shape[2], in.k_pages.shape[3], dtype};
+}
+void write_whole_pool(DeviceKvCache& cache, const InputsView& view) {
+  const int64_t P = view.k_pages.shape[0];
+  std::vector<int32_t> all(static_cast<size_t>(P));
+  std::iota(all.begin(), all.end(), 0);
+  cache.write_pool_pages(TensorView<const int32_t>(all.data(), {P}), view.k_pages, view.v_pages);
+}
+
 // step_and_read: on CUDA, a decode step in parts of its queries, their copies and kernels on
 // streams of their own; elsewhere (and where a step cannot run in parts) step() then
 // read_outputs(). Whatever the parts, every output equals the phase-by-phase step's bit for bit
@@ -492,27 +522,11 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
   // (Vulkan never runs in parts: two settings show that it still reads its outputs.)
   const std::vector<int> part_counts = cuda ? std::vector<int>{1, 2, 3, 4, 8} : std::vector<int>{1, 3};
   for (const int64_t B : batches) {
-    experiments::CaseSpec spec;
-    spec.qo.assign(static_cast<size_t>(B), 1);
-    for (int64_t b = 0; b < B; ++b) spec.kv.push_back(1 + (b * 37) % 90);
-    spec.Hq = 4;
-    spec.Hkv = 2;
-    spec.D = 32;
-    spec.block_size = 8;
-    spec.page_size = 4;
-    spec.topk = 3;
-    spec.pad_prob = 0.2;
-    spec.dup_prob = 0.1;
-    spec.dtype = p.dtype;
-    spec.seed = static_cast<uint64_t>(B);
+    const experiments::CaseSpec spec = small_steps(B, 1, p.dtype);
     Inputs in = experiments::make_case(spec);
-    const int64_t P = in.k_pages.shape[0];
-    const DeviceCacheShape shape{P, spec.Hkv, spec.page_size, spec.D, p.dtype};
-    DeviceKvCache cache(p.target, shape);
-    std::vector<int32_t> all(static_cast<size_t>(P));
-    std::iota(all.begin(), all.end(), 0);
+    DeviceKvCache cache(p.target, pool_shape(in, p.dtype));
     const InputsView view(in);
-    cache.write_pool_pages(TensorView<const int32_t>(all.data(), {P}), view.k_pages, view.v_pages);
+    write_whole_pool(cache, view);
     DeviceStepRunner runner(cache, p.schedule);
     const int64_t max_pages = in.block_tables.shape[1];
     runner.write_block_tables(TensorView<const int32_t>(in.block_tables.data.data(), {B, max_pages}));
@@ -615,27 +629,10 @@ TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
   const Param& p = GetParam();
   REQUIRE_DEVICE(p.target);
   for (const int64_t qo : {1, 6}) {
-    experiments::CaseSpec spec;
-    const int64_t B = qo == 1 ? 48 : 5;
-    spec.qo.assign(static_cast<size_t>(B), qo);
-    for (int64_t b = 0; b < B; ++b) spec.kv.push_back(qo + (b * 37) % 90);
-    spec.Hq = 4;
-    spec.Hkv = 2;
-    spec.D = 32;
-    spec.block_size = 8;
-    spec.page_size = 4;
-    spec.topk = 3;
-    spec.pad_prob = 0.2;
-    spec.dup_prob = 0.1;
-    spec.dtype = p.dtype;
-    spec.seed = static_cast<uint64_t>(B);
-    const Inputs in = experiments::make_case(spec);
-    const int64_t P = in.k_pages.shape[0];
-    DeviceKvCache cache(p.target, DeviceCacheShape{P, spec.Hkv, spec.page_size, spec.D, p.dtype});
-    std::vector<int32_t> all(static_cast<size_t>(P));
-    std::iota(all.begin(), all.end(), 0);
+    const Inputs in = experiments::make_case(small_steps(qo == 1 ? 48 : 5, qo, p.dtype));
+    DeviceKvCache cache(p.target, pool_shape(in, p.dtype));
     const InputsView view(in);
-    cache.write_pool_pages(TensorView<const int32_t>(all.data(), {P}), view.k_pages, view.v_pages);
+    write_whole_pool(cache, view);
     const Inputs values = testing::values_only(in);
     const Outputs oracle = reference::dense_attention<double>(values, validate(values));
     DeviceStepRunner runner(cache, p.schedule);
