@@ -76,7 +76,8 @@ int cmd_compare(const std::vector<std::string>& a) {
     opt.warm_call = i == 0;
     for (int side = 0; side < 2; ++side) {
       const bool aot_now = (side == 0) == (i % 2 == 0);
-      (aot_now ? am : jm).append(kx::measure(*(aot_now ? aot : jit).backend, (aot_now ? aot : jit).plan, in, opt));
+      const Prepared& now = aot_now ? aot : jit;
+      (aot_now ? am : jm).append(kx::measure(*now.backend, now.plan, in, opt));
     }
     const double r = am.ms.back() / jm.ms.back();
     if (i % 2 == 0) pair_ratio.push_back(r);

@@ -162,7 +162,6 @@ void DeviceStepRunner::set_plan_tasks(int tasks) {
   o.parallel_heads = tasks != 1;
   o.sequence_chunks = tasks;
   planner_.set_options(o);
-  plan_tasks_ = tasks;
 }
 
 void DeviceStepRunner::set_overlap_parts(int parts) {
@@ -313,10 +312,15 @@ void DeviceStepRunner::forget_own_plan() {
   outputs_at_ = OutputsAt::kNone;
 }
 
-const Plan& DeviceStepRunner::plan() const {
-  if (!plan_) throw BackendError("device step: no step prepared");
+const Plan& DeviceStepRunner::prepared_plan(const char* call) const {
+  if (!plan_) {
+    throw BackendError(std::string("device step: ") + call +
+                       " with no step prepared (none yet, or the last refused or replaced by host_plan)");
+  }
   return *plan_;
 }
+
+const Plan& DeviceStepRunner::plan() const { return prepared_plan("plan()"); }
 
 const Plan& DeviceStepRunner::host_plan(const StepInputs& s, bool check_block_tables) {
   const InputsView in = plan_view(s, &check_block_tables);
@@ -670,11 +674,10 @@ void DeviceStepRunner::build_tiles_on_device(const Plan& plan, const InputsView*
 }
 
 void DeviceStepRunner::launch() {
-  if (!plan_) throw BackendError("device step: launch() with no step prepared (none yet, or the last refused or replaced by host_plan)");
+  const Plan& plan = prepared_plan("launch()");
   outputs_at_ = OutputsAt::kNone;
   timing_.outputs_in_place = false;
   Stopwatch t;
-  const Plan& plan = *plan_;
   const Kernels& k = *kernels_;
   const Problem& p = plan.problem;
   const int64_t S = cache_.segments(), nb = used_batches_;
@@ -803,7 +806,7 @@ void DeviceStepRunner::build_segment_tiles(const Plan& plan, int64_t b, int64_t 
 }
 
 void DeviceStepRunner::require_outputs() const {
-  if (!plan_) throw BackendError("device step: read_outputs() with no step prepared (none yet, or the last refused or replaced by host_plan)");
+  prepared_plan("read_outputs()");
   if (outputs_at_ == OutputsAt::kNone) {
     throw BackendError("device step: read_outputs() after a step whose kernels did not run (refused, or prepared only)");
   }

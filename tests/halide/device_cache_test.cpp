@@ -678,11 +678,12 @@ TEST_P(DeviceCacheTest, PlanTasksGiveTheSameStep) {
     o.sequence_chunks = 5;
     DeviceKvCache cache(p.target, DeviceCacheShape{8, 2, 4, 32, p.dtype});
     DeviceStepRunner runner(cache, [](const Plan&) -> const halide::Kernels& { throw BackendError("not run"); }, o);
-    EXPECT_EQ(runner.plan_tasks(), -1);
+    EXPECT_EQ(runner.plan_tasks(), 5);
     EXPECT_TRUE(runner.plan_options().parallel_heads);
     EXPECT_EQ(runner.plan_options().sequence_chunks, 5);
     runner.set_plan_tasks(1);
     EXPECT_FALSE(runner.plan_options().parallel_heads);
+    EXPECT_EQ(runner.plan_tasks(), 1);
   }
 }
 

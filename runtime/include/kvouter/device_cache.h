@@ -362,9 +362,12 @@ class DeviceStepRunner {
   // How the host plans a step: 1 on the calling thread alone; n > 1 in about n tasks at once on
   // Halide's thread pool (PlanOptions::sequence_chunks); 0 about as many as the machine has
   // hardware threads. Default: default_plan_tasks (measured) for a runner of a schedule; a runner
-  // made with PlanOptions plans as they say (plan_tasks() -1) until this is called.
+  // made with PlanOptions plans as they say until this is called. plan_tasks() reads the planner's
+  // options (1 where they plan on the calling thread).
   void set_plan_tasks(int tasks);
-  int plan_tasks() const { return plan_tasks_; }
+  int plan_tasks() const {
+    return planner_.options().parallel_heads ? static_cast<int>(planner_.options().sequence_chunks) : 1;
+  }
   const PlanOptions& plan_options() const { return planner_.options(); }
   static int default_plan_tasks(const std::string& target);
   // The host staging of a step's q, for Tq queries of Hq heads ([Tq, Hq, D] in the cache's dtype;
@@ -453,6 +456,8 @@ class DeviceStepRunner {
   // Where the last step's outputs are: nowhere yet (prepared, not launched to its end), in the
   // batches' device arrays, or in out_mapped_ (written there by the combine).
   enum class OutputsAt { kNone, kDevice, kMapping } outputs_at_ = OutputsAt::kNone;
+  // The prepared step's plan, or a BackendError naming `call` where there is none.
+  const Plan& prepared_plan(const char* call) const;
   void require_outputs() const;  // BackendError unless a step's kernels ran to their end
   bool alias_outputs(const Problem& p, Batch& bt);  // false: the mapping could not take them
   std::unique_ptr<VulkanMappedAlias> out_alias_, lse_alias_;
@@ -462,7 +467,6 @@ class DeviceStepRunner {
   std::vector<VulkanRead> reads_;
   // The overlapped step's streams (CUDA), and what it read.
   int overlap_parts_ = 1;
-  int plan_tasks_ = -1;
   std::unique_ptr<CudaStreams> streams_;
   int64_t q_parts_ = 0;  // the parts of the last overlapped step
 };
