@@ -10,7 +10,7 @@ foreach(h HalideBuffer.h HalideRuntime.h HalideRuntimeVulkan.h HalideRuntimeCuda
   install(FILES ${_halide_inc}/${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvouter/halide)
 endforeach()
 
-install(TARGETS kvouter_runtime kvouter_aot_kernels kvouter_halide_rt ${KVOUTER_AOT_LIBS}
+install(TARGETS kvouter_runtime kvouter_prefetch kvouter_aot_kernels kvouter_halide_rt ${KVOUTER_AOT_LIBS}
         EXPORT kvouterTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

@@ -116,7 +116,7 @@ Roofline measure_roofline(double seconds_per_probe) {
   return r;
 }
 
-double paged_read_gbps(size_t chunk_bytes, size_t pool_bytes, int reps) {
+double paged_read_gbps(size_t chunk_bytes, size_t pool_bytes, int reps, int ahead) {
   const size_t chunk = std::max<size_t>(chunk_bytes / (4 * kLanes * sizeof(float)), 1) * 4 * kLanes * sizeof(float);
   PoolMemory pool(pool_bytes);
   auto* base = static_cast<float*>(pool.data());
@@ -140,7 +140,11 @@ double paged_read_gbps(size_t chunk_bytes, size_t pool_bytes, int reps) {
 #pragma omp for schedule(dynamic, 16)
           for (size_t c = 0; c < per_rep; ++c) {
             const float* p = base + order[(first + c) % chunks] * (chunk / sizeof(float));
+            const char* later = reinterpret_cast<const char*>(base + order[(first + c + static_cast<size_t>(ahead)) % chunks] * (chunk / sizeof(float)));
             for (size_t i = 0; i < chunk / sizeof(float); i += 4 * kLanes) {
+              if (ahead > 0) {
+                for (size_t b = 0; b < 4 * kLanes * sizeof(float); b += 64) __builtin_prefetch(later + i * sizeof(float) + b, 0, 2);
+              }
               vf x0, x1, x2, x3;
               std::memcpy(&x0, p + i, sizeof(vf));
               std::memcpy(&x1, p + i + kLanes, sizeof(vf));

@@ -117,15 +117,18 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
       continue;
     }
     const auto& ax = s.axes;
+    const std::vector<std::string> aheads = s.takes_ahead() ? s.aheads : std::vector<std::string>{""};
     for (const char* T : Ts)
       for (const auto& chunk : ax.chunks)
         for (const auto& r : ax.rows)
           for (const auto& unroll : ax.unrolls)
-            for (const auto& vec : ax.vecs) {
-              Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
-              if (!vec.empty()) c.knobs["vec"] = vec;
-              if (keep(c, shape, target, shared)) out.push_back(c);
-            }
+            for (const auto& vec : ax.vecs)
+              for (const auto& ahead : aheads) {
+                Candidate c{s.name, {{"T", T}, {"chunk", chunk}, {"rows", r}, {"unroll", unroll}}};
+                if (!vec.empty()) c.knobs["vec"] = vec;
+                if (!ahead.empty()) c.knobs["ahead"] = ahead;
+                if (keep(c, shape, target, shared)) out.push_back(c);
+              }
   }
   return out;
 }

@@ -33,6 +33,7 @@ class KvouterForward : public Generator<KvouterForward> {
   GeneratorParam<int> unroll{"unroll", knob_defaults::unroll};
   GeneratorParam<int> grain{"grain", knob_defaults::grain};
   GeneratorParam<int> slice{"slice", knob_defaults::slice};
+  GeneratorParam<int> ahead{"ahead", knob_defaults::ahead};
   // Estimates for the autoschedulers (default: the prefill shape). Autoscheduled twins are
   // compiled with the real extents, so their splits never exceed an output's extent.
   GeneratorParam<int> est_tq{"est_tq", 2048};
@@ -73,6 +74,15 @@ class KvouterForward : public Generator<KvouterForward> {
   }
 
   void generate() {
+    const ScheduleInfo* info = using_autoscheduler() ? nullptr : find_schedule(schedule);
+    if (!using_autoscheduler() && (!info || !info->forward)) {
+      throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
+                         "' is not a manual forward schedule");
+    }
+    if (ahead < 0 || (ahead > 0 && (!info || !info->takes_ahead() || get_target().has_gpu_feature()))) {
+      throw CompileError("kvouter_forward: ahead=" + std::to_string(int(ahead)) + ": schedule '" + std::string(schedule) +
+                         "' does not request rows ahead (ahead must be 0; cpu_decode takes it, on a CPU target)");
+    }
     ForwardFuncs f;
     Var d = f.d, p = f.p, row = f.row, c = f.c, tile = f.tile, ch = f.ch;
 
@@ -96,6 +106,7 @@ class KvouterForward : public Generator<KvouterForward> {
     f.static_rows = tile_edge_count > 0 && qhead > 0 ? int(tile_edge_count) * int(qhead) : 0;
     f.static_T = tile_edge_count;
     f.static_C = static_block ? C : 0;
+    f.storage = storage_type();
     f.static_NC = static_block ? (int(block_size) + C - 1) / C : 0;
     f.rd = RDom(0, D, "rd");
     f.rp = RDom(0, C, "rp");
@@ -134,7 +145,24 @@ class KvouterForward : public Generator<KvouterForward> {
     }
 
     const float kMasked = layout::kMaskedScore;
-    f.s(p, row, c, tile) = 0.f;
+    if (ahead > 0) {
+      // Position p of chunk c of the tile `ahead` tiles on: its K and V rows requested into the L2
+      // (kvouter_prefetch_l2, kvouter/prefetch.h, which returns 0), where the schedule places
+      // pf. The scores start from its 0, so that it is computed. (Requests of 2 to 8 positions
+      // at once were no faster, 8 slower: experiments/results/cpu/2026-12-04/decode_ahead_zen4.md.)
+      Expr later = min(tile + int(ahead), tile_head.dim(0).max());
+      Expr later_head = clamp(tile_head(later), 0, Hkv - 1);
+      Expr later_page = clamp(tile_pages(clamp(pos / PS, 0, PPB - 1), later), 0, k_pages.dim(3).extent() - 1);
+      auto buffer_of = [](const ImageParam& b) {
+        return Internal::Variable::make(type_of<halide_buffer_t*>(), b.name() + ".buffer", b.parameter());
+      };
+      f.pf(p, c, tile) = Internal::Call::make(Float(32), "kvouter_prefetch_l2",
+                                              {buffer_of(k_pages), buffer_of(v_pages), pos % PS, later_head, later_page},
+                                              Internal::Call::Extern);
+      f.s(p, row, c, tile) = f.pf(p, c, tile);
+    } else {
+      f.s(p, row, c, tile) = 0.f;
+    }
     f.s(p, row, c, tile) += f.qf(f.rd, row, tile) * f.kf(f.rd, p, c, tile);
     f.cmax(row, c, tile) = kMasked;
     f.cmax(row, c, tile) = max(f.cmax(row, c, tile), select(attended_r, f.s(f.rp.x, row, c, tile), kMasked));
@@ -204,12 +232,8 @@ class KvouterForward : public Generator<KvouterForward> {
     partials.set_estimates({{0, eD + layout::kPartialExtra}, {0, eT * eQH}, {0, int(est_tiles)}});
 
     if (using_autoscheduler()) return;
-    const ScheduleInfo* info = find_schedule(schedule);
-    if (!info || !info->forward) {
-      throw CompileError("kvouter_forward: schedule '" + std::string(schedule) +
-                         "' is not a manual forward schedule");
-    }
-    const Knobs k = resolve_knobs({int(chunk), int(vec), int(rows), int(unroll), int(grain), int(slice)}, get_target());
+    const Knobs k = resolve_knobs({int(chunk), int(vec), int(rows), int(unroll), int(grain), int(slice), int(ahead)},
+                                  get_target());
     info->forward(f, k, get_target());
   }
 };

@@ -20,6 +20,7 @@ struct Knobs {
   int unroll = knob_defaults::unroll;
   int grain = knob_defaults::grain;
   int slice = knob_defaults::slice;
+  int ahead = knob_defaults::ahead;
 };
 
 // kvouter_forward: per tile, per chunk c of the block
@@ -40,6 +41,8 @@ struct ForwardFuncs {
   Halide::Func qf{"qf"};        // (d, row, tile)          gathered, pre-scaled query rows
   Halide::Func kf{"kf"};        // (d, p, c, tile)         gathered K chunk
   Halide::Func vf{"vf"};        // (d, p, c, tile)         gathered V chunk
+  Halide::Func pf{"pf"};        // (p, c, tile)            request of a later tile's K and V rows
+                                //                         of position p (knob ahead; 0)
   Halide::Func s{"s"};          // (p, row, c, tile)       masked scaled scores
   Halide::Func att{"att"};      // (p, e, c, tile)         bool: attended (inlined unless scheduled;
                                 //                         undefined under an autoscheduler)
@@ -59,6 +62,7 @@ struct ForwardFuncs {
   int static_T = 0;     // edges per tile where specialised, else 0
   int static_C = 0;     // positions per chunk where block and page are specialised, else 0
   int static_NC = 0;    // chunks per block, likewise
+  Halide::Type storage = Halide::Float(32);  // q, K and V as stored (bfloat16: its bits, uint16)
 };
 
 // kvouter_combine: per (query, query head), log-sum-exp over the topk partials.

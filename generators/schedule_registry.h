@@ -51,6 +51,10 @@ struct ScheduleInfo {
   // Whether a candidate of the axes is a distinct program that fits the shape (knobs the schedule
   // does not read pinned, register budgets). Null: all.
   std::function<bool(const KnobValues&, const TuneShape&)> keep = nullptr;
+  // The forward takes the knob ahead (kvouter/knobs.h; CPU schedules): the tuner then crosses
+  // its values `aheads` too, and a schedule without it refuses ahead > 0.
+  std::vector<std::string> aheads = {};
+  bool takes_ahead() const { return !aheads.empty(); }
 };
 
 // The chunk knob's value for "the whole block as one chunk", at any block size (a specialised

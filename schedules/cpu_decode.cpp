@@ -3,20 +3,27 @@
 // positions of 128 channels, so cpu_tiled's transposed K chunk is paid for by 8 rows of work. Here:
 //   - the query rows are stored transposed once per tile (channels outer, rows inner), so that
 //     S = Q . K^T vectorises over rows, each K value broadcast;
-//   - the K and V chunks are copied as they lie (rows of D, streaming vector loads; read in place
-//     from their pages, K's strided streams were slower from DRAM);
+//   - with ahead > 0 (the default, 1) K and V are read in place from their pages (K in float32
+//     only: a 16-bit K is widened once per tile in a copy, not at each broadcast; V where the
+//     P . V register tile divides D), and each score register tile requests the same positions'
+//     K and V rows of the tile `ahead` on into the L2 (kvouter_prefetch_l2, an extern: Halide's
+//     own prefetch is prefetchnta, which did not help); a task then runs at least 16 consecutive tiles, so that the requested tile is
+//     mostly the same worker's. With ahead = 0 the K and V chunks are copied as they lie per tile
+//     (rows of D, streaming loads: from DRAM, in place was slower without the requests);
 //   - S, the chunk's max, weights and sums run over rows as vectors; P . V vectorises over D;
 //   - both products in register tiles (positions x a row vector; rows x D vectors), the
 //     reduction outermost.
 // The row vector is the target's width, halved down to 4 lanes while it exceeds the tile's rows
 // where they are known (8 lanes for decode on AVX-512). Knobs: chunk, grain, vec (the P . V
-// vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled).
-// Measured 2026-12-04 (experiments/results/cpu_bench.json, the build of 029c53a; experiments/
-// results/README.md), 2-core AMD EPYC Zen 3, AVX2, 28.9 GB/s: SPEC decode JIT and AOT 22.2 ms =
-// 2.5x direct, 42 % of its roofline bound (its K/V reads); the K and V chunk copies take about
-// 58 % of the forward, the products 31 % (experiments/results/cpu/2026-12-04/forward_overheads.md
-// method). bfloat16 1.2x and float16 1.2-1.4x faster (cpu/2026-12-04/dtype_bench.json). The
-// tuner's decode winner here.
+// vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled),
+// ahead.
+// Measured 2026-12-04 on a 2-core AMD EPYC Zen 4 (AVX-512), SPEC decode, forward + combine,
+// medians of two sweep runs (experiments/results/cpu/2026-12-04/decode_ahead_zen4.md and .jsonl):
+// the default (ahead 1, rows 4 x unroll 2) JIT 19.4-19.8 ms = 43-44 % of its roofline bound, AOT
+// 17.7-18.8 ms; 1.4-1.5x the chunks copied (ahead 0, 27.0-28.3 ms), 2.5-2.7x direct. float16 and
+// bfloat16 1.03-1.23x faster than float32. The tuning database's decode default on that host.
+#include <algorithm>
+
 #include "schedules.h"
 
 namespace kvouter::pipeline {
@@ -28,17 +35,31 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // Lanes over rows: the vector width, at most the tile's rows where they are known.
   int lanes = k.vec;
   while (f.static_rows > 0 && lanes > 4 && lanes > f.static_rows) lanes /= 2;
-  cpu_tile_level(f, k, lanes);
+  // Rows requested `ahead` tiles on help only the worker that computes that tile: with ahead, a
+  // task runs at least 16 consecutive tiles.
+  Knobs tk = k;
+  if (k.ahead > 0) tk.grain = std::max(k.grain, 16);
+  cpu_tile_level(f, tk, lanes);
   f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
-  // K and V chunks copied as they are (rows of D, in order), with vector loads that stream.
-  f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
-  f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  // K and V chunks copied as they are (rows of D, in order), with vector loads that stream; or,
+  // with ahead, read in place from their pages, which the tile `ahead` before requested into the
+  // L2. V in place only where the P . V register tile divides D: its tiles past D would read past
+  // the page row (a copy computes only the channels there are).
+  // K in place only as float32: a 16-bit K value would be widened at each of its broadcasts (once
+  // per tile in the copy).
+  const bool k_in_place = k.ahead > 0 && f.storage == Float(32);
+  const bool v_in_place = k.ahead > 0 && f.static_D > 0 && f.static_D % (k.vec * k.unroll) == 0;
+  if (!k_in_place) f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  if (!v_in_place) f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
   Knobs scores = k;
   scores.vec = lanes;
   scores.unroll = 1;
   scores.rows = k.rows * k.unroll;  // positions per register tile
   register_tiled_product(f.s, f.row, f.p, f.rd.x, f.st, rc, scores);
+  // The requests for a later tile's rows: those of the score tile's positions, once per score
+  // tile (not per row), spread through the products.
+  if (k.ahead > 0) f.pf.compute_at(f.s.in(), Var("co"));
   f.att.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
   f.cmax.compute_at(f.st, rc).vectorize(f.row, lanes, guard);
   f.cmax.update().reorder(f.row, f.rp.x).vectorize(f.row, lanes, guard);
@@ -52,8 +73,8 @@ namespace {
 
 [[maybe_unused]] const bool registered = register_schedule(
     {"cpu_decode", "cpu", cpu_decode_forward, cpu_simple_combine, "",
-     "per tile: rows as the vector, K and V chunks copied as they lie (no transposed staging)", false, {}, cpu_axes(),
-     nullptr, cpu_keep});
+     "per tile: rows as the vector, K and V read in place, requested into the L2 a tile ahead", false,
+     {{"ahead", "1"}}, cpu_axes(), nullptr, cpu_keep, {"0", "1", "2"}});
 
 }  // namespace
 

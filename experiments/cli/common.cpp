@@ -63,7 +63,7 @@ void main_help() {
                "          [--max-ratio R]   time the AOT kernel a case selects against the JIT compile of\n"
                "      the same configuration, as run times them, in pairs of rounds (N rounded up to\n"
                "      whole pairs); exit 1 past R (default 1.15) in the median of the pairs' ratios\n"
-               "  roofline [--paged [KIB]]  measure this machine's FP32 FMA peak and read bandwidth (JSON);\n"
+               "  roofline [--paged [KIB] [--ahead N]]  measure this machine's FP32 FMA peak and read bandwidth (JSON);\n"
                "      --paged: random KIB-sized chunks (default 8) read from pools of 256 MiB to 4 GiB\n"
                "  make-case SHAPE DIR [--dtype D]  write a SPEC section 5 shape as a case folder\n"
                "  export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR] [--name N]\n"
@@ -93,10 +93,12 @@ bool command_help(const std::string& cmd) {
                   "median over pairs of rounds (AOT first, then JIT first; N rounded up to whole pairs) of "
                   "their own ratios, the slower takes more than R times the faster (default "
                   "1.15), or when the outputs disagree\n"},
-      {"roofline", "usage: kvouter roofline [--paged [KIB]]\n  measure this machine's FP32 FMA peak and read "
+      {"roofline", "usage: kvouter roofline [--paged [KIB] [--ahead N]]\n  measure this machine's FP32 FMA peak and read "
                    "bandwidth; prints one JSON line. --paged: instead, the read rate of random KIB-sized chunks "
                    "(default 8, a SPEC decode K page of one head) from pools of 256 MiB, 1 GiB and 4 GiB in huge-page "
-                   "memory, all threads: where it falls as the pool grows, TLB reach bounds a paged decode's reads\n"},
+                   "memory, all threads: where it falls as the pool grows, TLB reach bounds a paged decode's reads. "
+                   "--ahead N: each chunk's lines requested into the L2 (prefetcht1) while the reader reads the "
+                   "chunk N before it (cpu_decode's knob ahead)\n"},
       {"make-case", "usage: kvouter make-case SHAPE DIR [--dtype float32|float16|bfloat16]\n  write a SPEC section 5 "
                     "shape (tiny, prefill, decode, gpu-prefill, gpu-decode) as a case folder, q, K and V stored in "
                     "the dtype (default float32)\n"},

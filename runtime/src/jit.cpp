@@ -13,6 +13,7 @@
 #include "kvouter_autoscheduler_params.h"
 #include "kvouter/errors.h"
 #include "kvouter/host_alloc.h"
+#include "kvouter/prefetch.h"
 #include "kvouter/spirv_stage.h"
 #include "kvouter/vulkan_probe.h"
 #include "kvouter/stats.h"
@@ -82,13 +83,15 @@ void load_autoscheduler(const std::string& name) {
 // AbstractGenerator::compile_to_callable skips it), so twins build the pipeline themselves.
 Halide::Callable compile_generator(const Halide::Target& t, const std::string& gen,
                                    const Halide::GeneratorParamsMap& gp, const std::string& autoscheduler) {
-  if (autoscheduler.empty()) return Halide::create_callable_from_generator(t, gen, gp);
-  load_autoscheduler(autoscheduler);
-  Halide::AutoschedulerParams asp(autoscheduler, autoscheduler_params(autoscheduler, t.has_gpu_feature()));
-  auto g = Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
+  if (!autoscheduler.empty()) load_autoscheduler(autoscheduler);
+  Halide::AutoschedulerParams asp;
+  if (!autoscheduler.empty()) asp = Halide::AutoschedulerParams(autoscheduler, autoscheduler_params(autoscheduler, t.has_gpu_feature()));
+  auto g = autoscheduler.empty() ? Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t))
+                                 : Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
   g->set_generatorparam_values(gp);
   Halide::Pipeline p = g->build_pipeline();
-  p.apply_autoscheduler(t, asp);
+  if (!autoscheduler.empty()) p.apply_autoscheduler(t, asp);
+  p.set_jit_externs({{"kvouter_prefetch_l2", Halide::JITExtern(&kvouter_prefetch_l2)}});
   std::vector<Halide::Argument> args;
   for (const auto& a : g->arginfos()) {
     if (a.dir != Halide::Internal::ArgInfoDirection::Input) continue;

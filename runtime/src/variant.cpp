@@ -62,7 +62,7 @@ std::string storage_target(const std::string& target, Dtype dtype) {
 }
 
 const std::vector<std::string>& knob_names() {
-  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "slice"};
+  static const std::vector<std::string> names = {"T", "chunk", "vec", "rows", "unroll", "grain", "slice", "ahead"};
   return names;
 }
 
@@ -71,7 +71,7 @@ std::map<std::string, std::string> checked_knobs(const std::map<std::string, std
   std::map<std::string, std::string> k = {{"T", std::to_string(kd::T)},         {"chunk", std::to_string(kd::chunk)},
                                           {"vec", std::to_string(kd::vec)},     {"rows", std::to_string(kd::rows)},
                                           {"unroll", std::to_string(kd::unroll)}, {"grain", std::to_string(kd::grain)},
-                                          {"slice", std::to_string(kd::slice)}};
+                                          {"slice", std::to_string(kd::slice)}, {"ahead", std::to_string(kd::ahead)}};
   for (const auto& [name, value] : params) {
     if (!k.count(name)) {
       std::string known;

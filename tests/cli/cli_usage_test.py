@@ -33,7 +33,8 @@ r = run("run", "-h")
 expect(r.returncode == 0 and "--backend" in r.stdout, "run -h is --help")
 r = run("roofline", "extra")
 expect(r.returncode == 2 and "roofline" in r.stderr, "roofline with an argument exits 2")
-for bad in (("--paged", "0"), ("--paged", "8x"), ("--paged", "8", "9")):
+for bad in (("--paged", "0"), ("--paged", "8x"), ("--paged", "8", "9"), ("--paged", "8", "--ahead"),
+            ("--paged", "--ahead", "x"), ("--paged", "8", "--ahead", "65"), ("--paged", "8", "--ahead", "1", "2")):
     r = run("roofline", *bad)
     expect(r.returncode == 2 and "roofline" in r.stderr, f"roofline {' '.join(bad)} exits 2: {r.stderr[-200:]}")
 for sub in ("compare", "demo", "roofline", "make-case", "export", "sweep", "sweep-merge", "tune"):

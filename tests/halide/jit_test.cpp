@@ -106,6 +106,52 @@ INSTANTIATE_TEST_SUITE_P(Knobs, JitKnobTest,
                                            std::map<std::string, std::string>{{"T", "1"}, {"grain", "3"}, {"chunk", "48"}},
                                            std::map<std::string, std::string>{{"chunk", "0"}}));  // the whole block
 
+// cpu_decode's knob ahead (K/V rows of a later tile requested, K and V then read in place) gives
+// the copies' bits and the oracle's result: on decode-like cases (one query per sequence, ragged
+// and empty sequences, unallocated pages, padded selections) in every dtype, with fewer tiles
+// than it looks ahead, and at task sizes that cut across it. Other schedules refuse it.
+TEST(Jit, DecodeAheadGivesTheCopiesBits) {
+  experiments::CaseSpec s;
+  s.qo = {1, 1, 1, 1, 1, 1, 0, 1};
+  s.kv = {700, 64, 1, 333, 1024, 0, 5, 129};
+  s.Hq = 8, s.Hkv = 2, s.D = 64, s.block_size = 64, s.page_size = 16, s.topk = 5;
+  s.pad_prob = 0.1, s.dup_prob = 0.1, s.neg_page_prob = 0.05, s.extra_pages = 3;
+  experiments::CaseSpec one = s;  // a single tile: every tile ahead is past the last
+  one.qo = {1}, one.kv = {40}, one.topk = 1;
+  for (const Dtype dtype : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
+    for (const experiments::CaseSpec* spec : {&s, &one}) {
+      experiments::CaseSpec c = *spec;
+      c.dtype = dtype;
+      const Inputs in = experiments::make_case(c);
+      const Inputs values = testing::values_only(in);
+      for (const auto& knobs : {std::map<std::string, std::string>{{"T", "1"}, {"ahead", "1"}},
+                                std::map<std::string, std::string>{{"T", "1"}, {"ahead", "2"}, {"rows", "4"}, {"unroll", "2"}},
+                                std::map<std::string, std::string>{{"T", "1"}, {"ahead", "7"}, {"grain", "3"}, {"chunk", "16"}}}) {
+        auto ahead = jit("cpu_decode", knobs);
+        std::map<std::string, std::string> copy_knobs = knobs;
+        copy_knobs["ahead"] = "0";
+        auto copies = jit("cpu_decode", copy_knobs);
+        const Plan plan = make_plan(in, copies->plan_options());
+        const Outputs want = copies->run(plan, in);
+        const auto err = experiments::compare_outputs(want, reference::dense_attention<double>(values, validate(values)));
+        EXPECT_TRUE(err.ok()) << dtype_name(dtype) << ": max|out err| " << err.max_out_err;
+        const Outputs got = ahead->run(plan, in);
+        EXPECT_EQ(got.out.data, want.out.data) << dtype_name(dtype) << " ahead=" << knobs.at("ahead");
+        EXPECT_EQ(got.lse.data, want.lse.data) << dtype_name(dtype) << " ahead=" << knobs.at("ahead");
+      }
+    }
+  }
+  const Inputs tiny = experiments::make_case(experiments::named_shape("tiny"));
+  auto tiled = jit("cpu_tiled", {{"ahead", "2"}});
+  try {
+    tiled->run(make_plan(tiny, tiled->plan_options()), tiny);
+    ADD_FAILURE() << "cpu_tiled took ahead=2";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("ahead=2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu_tiled"), std::string::npos) << e.what();
+  }
+}
+
 // The twins' parameters come from schedules/autoscheduler_params.txt (aot_test checks the AOT
 // twins against the same function): CORES becomes this machine's cores; no row is an error.
 TEST(Jit, AutoschedulerParamsComeFromTheirTable) {

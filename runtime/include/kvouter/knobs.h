@@ -15,5 +15,8 @@ inline constexpr int rows = 0;     // register-tile rows (edge x head-lane rows 
 inline constexpr int unroll = 0;   // vectors per register-tile row (positions or D)
 inline constexpr int grain = 1;    // tiles per parallel task
 inline constexpr int slice = 0;    // channels of K staged per step (vulkan_onepass; 0 = its choice)
+// Tiles ahead whose K and V rows a tile requests into the L2 while it computes (cpu_decode, which
+// then reads K and V in place; 0 = none, the chunks copied per tile).
+inline constexpr int ahead = 0;
 
 }  // namespace kvouter::knob_defaults
