@@ -79,15 +79,18 @@ void load_autoscheduler(const std::string& name) {
   loaded[name] = true;
 }
 
-// create_callable_from_generator() does not apply an autoscheduler (Halide 21's
-// AbstractGenerator::compile_to_callable skips it), so twins build the pipeline themselves.
+// Every Generator is built into a Pipeline here (create_callable_from_generator() would do neither of
+// these): its autoscheduler applied for the twins (Halide 21's AbstractGenerator::
+// compile_to_callable skips it), and the externs the generated CPU code may call given to the JIT
+// (kvouter/prefetch.h; an AOT build links them).
 Halide::Callable compile_generator(const Halide::Target& t, const std::string& gen,
                                    const Halide::GeneratorParamsMap& gp, const std::string& autoscheduler) {
-  if (!autoscheduler.empty()) load_autoscheduler(autoscheduler);
-  Halide::AutoschedulerParams asp;
-  if (!autoscheduler.empty()) asp = Halide::AutoschedulerParams(autoscheduler, autoscheduler_params(autoscheduler, t.has_gpu_feature()));
-  auto g = autoscheduler.empty() ? Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t))
-                                 : Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
+  Halide::AutoschedulerParams asp;  // no name: none
+  if (!autoscheduler.empty()) {
+    load_autoscheduler(autoscheduler);
+    asp = Halide::AutoschedulerParams(autoscheduler, autoscheduler_params(autoscheduler, t.has_gpu_feature()));
+  }
+  auto g = Halide::Internal::get_registered_generators().create(gen, Halide::GeneratorContext(t, asp));
   g->set_generatorparam_values(gp);
   Halide::Pipeline p = g->build_pipeline();
   if (!autoscheduler.empty()) p.apply_autoscheduler(t, asp);
