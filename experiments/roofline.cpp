@@ -140,9 +140,12 @@ double paged_read_gbps(size_t chunk_bytes, size_t pool_bytes, int reps, int ahea
 #pragma omp for schedule(dynamic, 16)
           for (size_t c = 0; c < per_rep; ++c) {
             const float* p = base + order[(first + c) % chunks] * (chunk / sizeof(float));
-            const char* later = reinterpret_cast<const char*>(base + order[(first + c + static_cast<size_t>(ahead)) % chunks] * (chunk / sizeof(float)));
+            const char* later =
+                ahead > 0 ? reinterpret_cast<const char*>(base + order[(first + c + static_cast<size_t>(ahead)) % chunks] *
+                                                                     (chunk / sizeof(float)))
+                          : nullptr;
             for (size_t i = 0; i < chunk / sizeof(float); i += 4 * kLanes) {
-              if (ahead > 0) {
+              if (later) {
                 for (size_t b = 0; b < 4 * kLanes * sizeof(float); b += 64) __builtin_prefetch(later + i * sizeof(float) + b, 0, 2);
               }
               vf x0, x1, x2, x3;

@@ -7,6 +7,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "roofline.h"
@@ -40,6 +41,19 @@ TEST(Roofline, FmaPeakBoundsAFloatGemm) {
   std::printf("probe %.1f GFLOP/s, Eigen GEMM 512^3 %.1f GFLOP/s (%.0f %% of the probe)\n", peak, gemm,
               100 * gemm / peak);
   EXPECT_LE(gemm, 1.05 * peak) << "the FMA probe reports less than a real kernel reaches";
+}
+
+// The paged-read probe (`kvouter roofline --paged`), with and without the L2 requests of its
+// --ahead: every chunk read and timed, a finite rate below what any memory reaches (a probe that
+// skipped its reads or mis-counted its bytes would report far more).
+TEST(Roofline, PagedReadsMeasureARate) {
+  for (const int ahead : {0, 1, 3}) {
+    const double gbps = paged_read_gbps(8 << 10, size_t{64} << 20, 3, ahead);
+    std::printf("8 KiB chunks of a 64 MiB pool, ahead %d: %.1f GB/s\n", ahead, gbps);
+    EXPECT_TRUE(std::isfinite(gbps)) << ahead;
+    EXPECT_GT(gbps, 0.0) << ahead;
+    EXPECT_LT(gbps, 5000.0) << ahead;
+  }
 }
 
 }  // namespace
