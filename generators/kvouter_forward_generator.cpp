@@ -117,7 +117,14 @@ class KvouterForward : public Generator<KvouterForward> {
     Expr h = clamp(tile_head(tile), 0, Hkv - 1);
     Expr edge = row / QH, lane = row % QH;
     Expr query = clamp(tile_query(clamp(edge, 0, T - 1), tile), 0, q.dim(2).extent() - 1);
-    f.qf(d, row, tile) = widen(q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query)) * scale;
+    if (using_autoscheduler()) {
+      f.qf(d, row, tile) = widen(q(d, clamp(h * QH + lane, 0, q.dim(1).extent() - 1), query)) * scale;
+    } else {
+      // Through qt, the same values: a schedule may compute qt once per query (a tile's rows are
+      // then dense loads of it) instead of gathering each tile's rows.
+      f.qt(f.lane, d, f.h, f.t) = widen(q(d, clamp(f.h * QH + f.lane, 0, q.dim(1).extent() - 1), f.t)) * scale;
+      f.qf(d, row, tile) = f.qt(lane, d, h, query);
+    }
     Expr pos = c * C + p;
     Expr page = tile_pages(clamp(pos / PS, 0, PPB - 1), tile);
     Expr phys = clamp(page, 0, k_pages.dim(3).extent() - 1);

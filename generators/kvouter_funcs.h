@@ -39,6 +39,10 @@ struct Knobs {
 struct ForwardFuncs {
   // Named, so that Halide's messages and generated kernels say which stage they mean.
   Halide::Func qf{"qf"};        // (d, row, tile)          gathered, pre-scaled query rows
+  Halide::Func qt{"qt"};        // (lane, d, h, t)         query t's pre-scaled rows of KV head h,
+                                //                         lanes innermost; qf reads it (inlined
+                                //                         unless scheduled; undefined under an
+                                //                         autoscheduler)
   Halide::Func kf{"kf"};        // (d, p, c, tile)         gathered K chunk
   Halide::Func vf{"vf"};        // (d, p, c, tile)         gathered V chunk
   Halide::Func pf{"pf"};        // (p, c, tile)            request of a later tile's K and V rows
@@ -52,7 +56,7 @@ struct ForwardFuncs {
   Halide::Func csum{"csum"};    // (row, c, tile)
   Halide::Func st{"st"};        // (d, row, tile)          Tuple(o, m, l), online over chunks rc
   Halide::Func out{"out"};      // (ch, row, tile)         the packed partials (the Output)
-  Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"}, e{"e"};
+  Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"}, e{"e"}, lane{"lane"}, h{"h"}, t{"t"};
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions
   Halide::RDom rc;      // over chunks

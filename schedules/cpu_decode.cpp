@@ -1,8 +1,9 @@
 // cpu_decode: a tile's rows (its queries' heads of one KV head) as the vector. Decode tiles are
 // short and wide: one query (T = 1) and the 8 query heads of a KV head against a block of 64
 // positions of 128 channels, so cpu_tiled's transposed K chunk is paid for by 8 rows of work. Here:
-//   - the query rows are stored transposed once per tile (channels outer, rows inner), so that
-//     S = Q . K^T vectorises over rows, each K value broadcast;
+//   - the query rows are stored transposed (channels outer, rows inner) once per query and KV head,
+//     before the tiles (qt), so that S = Q . K^T vectorises over rows, each K value broadcast,
+//     and a tile's rows are dense loads of them;
 //   - with ahead > 0 (the default, 1) K and V are read in place from their pages (K in float32
 //     only: a 16-bit K is widened once per tile in a copy, not at each broadcast; V where the
 //     P . V register tile divides D), and each score register tile requests the same positions'
@@ -17,11 +18,12 @@
 // where they are known (8 lanes for decode on AVX-512). Knobs: chunk, grain, vec (the P . V
 // vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled),
 // ahead.
-// Measured 2026-12-04 on a 2-core AMD EPYC Zen 4 (AVX-512), SPEC decode, forward + combine,
-// medians of two sweep runs (experiments/results/cpu/2026-12-04/decode_ahead_zen4.md and .jsonl):
-// the default (ahead 1, rows 4 x unroll 2) JIT 19.4-19.8 ms = 43-44 % of its roofline bound, AOT
-// 17.7-18.8 ms; 1.4-1.5x the chunks copied (ahead 0, 27.0-28.3 ms), 2.5-2.7x direct. float16 and
-// bfloat16 1.03-1.23x faster than float32. The tuning database's decode default on that host.
+// Measured 2026-12-05 on a 2-core AMD EPYC Zen 4 (AVX-512), SPEC decode, forward + combine,
+// medians of three sweep runs (experiments/results/cpu/2026-12-05/decode_query_rows_zen4.md and
+// .jsonl): the default (ahead 1, rows 4 x unroll 2) JIT 17.3-19.5 ms, AOT 17.5-17.8 ms, 47-48 % of
+// the paged-read bound with requests (33-36 % of the sweep's sequential-read bound); 1.5-1.6x the
+// chunks copied (ahead 0), 2.6-2.8x direct. float16 and bfloat16 1.0-1.1x faster than float32.
+// The tuning database's decode default on that host.
 #include <algorithm>
 
 #include "schedules.h"
@@ -40,6 +42,10 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   Knobs tk = k;
   if (k.ahead > 0) tk.grain = std::max(k.grain, 16);
   cpu_tile_level(f, tk, lanes);
+  // The query rows transposed once per query and KV head, before the tiles: a tile's rows (one
+  // query's heads of a KV head, where the rows are known) are then dense vector loads, not the
+  // gather of every tile of the query.
+  f.qt.compute_root().parallel(f.t).vectorize(f.lane, lanes, guard);
   f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
   RVar rc = f.rc.x;
   // K and V chunks copied as they are (rows of D, in order), with vector loads that stream; or,
