@@ -23,7 +23,10 @@
 // .jsonl): the default (ahead 1, rows 4 x unroll 2) JIT 17.3-19.5 ms, AOT 17.5-17.8 ms, 47-48 % of
 // the paged-read bound with requests (33-36 % of the sweep's sequential-read bound); 1.5-1.6x the
 // chunks copied (ahead 0), 2.6-2.8x direct. float16 and bfloat16 1.0-1.1x faster than float32.
-// The tuning database's decode default on that host.
+// The tuning database's decode default on that host, and this schedule's default knobs (its
+// AOT lines' too): with the register tile sized to the target instead (rows 4 x unroll 4 on
+// AVX-512) the JIT took 20.3 ms where AOT took 15.8 in one kvouter_bench run
+// (experiments/results/cpu/2026-12-05/cpu_bench_tile_sized.json).
 #include <algorithm>
 
 #include "schedules.h"
@@ -80,7 +83,7 @@ namespace {
 [[maybe_unused]] const bool registered = register_schedule(
     {"cpu_decode", "cpu", cpu_decode_forward, cpu_simple_combine, "",
      "per tile: rows as the vector, K and V read in place, requested into the L2 a tile ahead", false,
-     {{"ahead", "1"}}, cpu_axes(), nullptr, cpu_keep, {"0", "1", "2"}});
+     {{"ahead", "1"}, {"rows", "4"}, {"unroll", "2"}}, cpu_axes(), nullptr, cpu_keep, {"0", "1", "2"}});
 
 }  // namespace
 
