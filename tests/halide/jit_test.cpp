@@ -160,7 +160,7 @@ TEST(Jit, AutoschedulerParamsComeFromTheirTable) {
   EXPECT_EQ(halide::autoscheduler_params("Adams2019", false), (Params{{"parallelism", cores}, {"beam_size", "1"}}));
   EXPECT_EQ(halide::autoscheduler_params("Li2018", false), (Params{{"parallelism", cores}}));
   EXPECT_EQ(halide::autoscheduler_params("Mullapudi2016", true),
-            (Params{{"parallelism", cores}, {"experimental_gpu_schedule", "1"}}));
+            (Params{{"parallelism", "16"}, {"experimental_gpu_schedule", "1"}}));
   EXPECT_EQ(halide::autoscheduler_params("Anderson2021", true), (Params{{"parallelism", "132"}, {"beam_size", "1"}}));
   try {
     halide::autoscheduler_params("Anderson2021", false);
