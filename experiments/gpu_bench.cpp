@@ -94,9 +94,25 @@ int overlap_parts_of(const std::string& staging) {
   return n >= 1 ? n : -1;
 }
 
-// Datasheet figures for the H200 SXM (the targets are ratios to these).
-constexpr double kFp32PeakTflops = 67.0;
-constexpr double kHbmTBps = 4.8;
+// Datasheet figures (NVIDIA's H200 and H100 datasheets; the issues' targets are ratios to the
+// H200 SXM's), matched in order on the device's name as its driver gives it. The lent machines
+// are H200 SXM ("NVIDIA H200") and H100 SXM ("NVIDIA H100 80GB HBM3"). Another device has no
+// figures: its records carry no ratios rather than another device's.
+struct Datasheet {
+  const char* name_contains;
+  double fp32_tflops, hbm_tbps;
+};
+constexpr Datasheet kDatasheets[] = {
+    {"H200 NVL", 60.0, 4.8}, {"H200", 67.0, 4.8}, {"H100 NVL", 60.0, 3.9},
+    {"H100 PCIe", 51.0, 2.0}, {"H100", 67.0, 3.35},
+};
+
+const Datasheet* datasheet_of(const std::string& device) {
+  for (const auto& d : kDatasheets) {
+    if (device.find(d.name_contains) != std::string::npos) return &d;
+  }
+  return nullptr;
+}
 constexpr double kMaxCheckedFlops = 2e11;
 
 std::vector<std::string> split(const std::string& s) {
@@ -213,20 +229,23 @@ int run(int argc, char** argv) {
       if (devices.empty()) throw BackendError("vulkan: " + why);
       device_name = devices[0].name;
     } else if (is_cuda_target(target)) {
-      require_cuda_device();
-      if (device_name.empty()) device_name = "CUDA device";
+      if (device_name.empty()) device_name = cuda_device_name();
     } else {
       throw InputError("--targets", "host-vulkan or host-cuda", target);
     }
   }
+  const Datasheet* sheet = datasheet_of(device_name);
+  if (!sheet) std::fprintf(stderr, "no datasheet figures for %s: no ratios to its peak\n", device_name.c_str());
+  // A ratio to the device's datasheet figure, or null without one.
+  auto pct = [&](double rate, double Datasheet::*figure) { return sheet ? json(100.0 * rate / (sheet->*figure)) : json(nullptr); };
   json doc = {{"tool", "kvouter_gpu_bench"},
               {"git_rev", git_revision()},
               {"halide", halide_version() + " (AOT)"},
               {"machine", machine_fingerprint()},
               {"timestamp", now_iso()},
               {"device", device_name},
-              {"peak_fp32_tflops", kFp32PeakTflops},
-              {"hbm_tbps", kHbmTBps},
+              {"peak_fp32_tflops", sheet ? json(sheet->fp32_tflops) : json(nullptr)},
+              {"hbm_tbps", sheet ? json(sheet->hbm_tbps) : json(nullptr)},
               {"reps", reps},
               {"warmup_ms", warmup_ms},
               {"spirv_stage", spirv::stage_enabled() ? "on" : "off"},
@@ -335,9 +354,9 @@ int run(int argc, char** argv) {
         r.update({{"variant", bp.count("variant") ? bp.at("variant") : std::string()},
                   {"query_batches", static_cast<int64_t>(plan.tiles.batch_tile_begin.size()) - 1},
                   {"tflops", flops / ms / 1e9},
-                  {"pct_fp32_peak", 100.0 * flops / ms / 1e9 / kFp32PeakTflops},
+                  {"pct_fp32_peak", pct(flops / ms / 1e9, &Datasheet::fp32_tflops)},
                   {"kv_tbps", kv_bytes / ms / 1e9},
-                  {"pct_hbm", 100.0 * kv_bytes / ms / 1e9 / kHbmTBps}});
+                  {"pct_hbm", pct(kv_bytes / ms / 1e9, &Datasheet::hbm_tbps)}});
         if (dtype == Dtype::kFloat32) {
           float32_ms[shape + "/" + key] = ms;
         } else if (auto f = float32_ms.find(shape + "/" + key); f != float32_ms.end()) {
@@ -352,9 +371,15 @@ int run(int argc, char** argv) {
             : !first_key.empty()
                 ? (r["vs_" + first_key]["within_tolerance"].get<bool>() ? "matches " : "DIFFERS from ") + first_key
                 : std::string("the reference of the runs after it");
-        std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %.1f%% FP32 peak; K/V %.2f TB/s = %.1f%% HBM; %s\n",
+        const auto pct_text = [](const json& v) {
+          if (v.is_null()) return std::string("n/a");
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "%.1f", v.get<double>());
+          return std::string(buf);
+        };
+        std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %s%% FP32 peak; K/V %.2f TB/s = %s%% HBM; %s\n",
                      label.c_str(), key.c_str(), ms, median(t.forward_ms), median(t.combine_ms), flops / ms / 1e9,
-                     100.0 * flops / ms / 1e9 / kFp32PeakTflops, kv_bytes / ms / 1e9, 100.0 * kv_bytes / ms / 1e9 / kHbmTBps,
+                     pct_text(r["pct_fp32_peak"]).c_str(), kv_bytes / ms / 1e9, pct_text(r["pct_hbm"]).c_str(),
                      check.c_str());
         if (first_key.empty()) {
           if (!case_dir.empty()) save_outputs(case_dir + "/" + label + "/kvouter_" + schedule, t.out);

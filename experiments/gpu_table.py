@@ -31,7 +31,8 @@ def main(path: str) -> int:
     print(f"`{path.split('experiments/results/gpu/')[-1]}`: run `{doc.get('git_rev', '?')}`"
           + (f" ({doc['timestamp'][:10]})" if doc.get("timestamp") else "")
           + f", {doc.get('device', '?')}, medians of {doc.get('reps', '?')} after {doc.get('warmup_ms', '?')} ms of warm-up;"
-          f" ratios to {doc.get('peak_fp32_tflops', '?')} TFLOP/s and {doc.get('hbm_tbps', '?')} TB/s.")
+          + (f" ratios to {doc['peak_fp32_tflops']} TFLOP/s and {doc['hbm_tbps']} TB/s."
+             if doc.get("peak_fp32_tflops") and doc.get("hbm_tbps") else " no datasheet figures for this device, no ratios."))
     print()
     if any(sd.get("runs") for sd in doc.get("results", [])):
         print("| shape | dtype | schedule @ target | kernels ms | forward | combine | TFLOP/s | % FP32 peak | K/V TB/s | % HBM | x float32 | check |")

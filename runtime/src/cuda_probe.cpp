@@ -6,14 +6,23 @@
 
 namespace kvouter {
 
+namespace {
+
+void* driver_library() {
+  // The names Halide's CUDA runtime tries (libcuda.so first).
+  void* lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  return lib;
+}
+
+}  // namespace
+
 int cuda_device_count(std::string* why) {
   auto fail = [&](const std::string& w) {
     if (why) *why = w;
     return 0;
   };
-  // The names Halide's CUDA runtime tries (libcuda.so first).
-  void* lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* lib = driver_library();
   if (!lib) return fail("the CUDA driver library libcuda.so cannot be loaded (no NVIDIA driver here)");
   using InitFn = int (*)(unsigned);
   using CountFn = int (*)(int*);
@@ -30,6 +39,23 @@ int cuda_device_count(std::string* why) {
 void require_cuda_device() {
   std::string why;
   if (cuda_device_count(&why) == 0) throw BackendError("cuda: no usable CUDA device: " + why);
+}
+
+std::string cuda_device_name() {
+  require_cuda_device();  // the library loads and cuInit has succeeded
+  using GetFn = int (*)(int*, int);
+  using NameFn = int (*)(char*, int, int);
+  void* lib = driver_library();
+  auto get = reinterpret_cast<GetFn>(dlsym(lib, "cuDeviceGet"));
+  auto name = reinterpret_cast<NameFn>(dlsym(lib, "cuDeviceGetName"));
+  if (!get || !name) throw BackendError("cuda: libcuda.so lacks cuDeviceGet or cuDeviceGetName");
+  int device = 0;
+  if (const int rc = get(&device, 0); rc != 0) throw BackendError("cuda: cuDeviceGet failed with CUresult " + std::to_string(rc));
+  char buf[256] = {};
+  if (const int rc = name(buf, sizeof(buf) - 1, device); rc != 0) {
+    throw BackendError("cuda: cuDeviceGetName failed with CUresult " + std::to_string(rc));
+  }
+  return buf;
 }
 
 }  // namespace kvouter

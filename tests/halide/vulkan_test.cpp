@@ -776,6 +776,18 @@ TEST(Cuda, NoDeviceIsAClearError) {
   } catch (const BackendError& e) {
     EXPECT_NE(std::string(e.what()).find("no usable CUDA device"), std::string::npos) << e.what();
   }
+  try {
+    const std::string name = cuda_device_name();
+    FAIL() << "a device name without a device: " << name;
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+// The device the benchmark's ratios are to: the driver's name of device 0, with a CUDA device.
+TEST(Cuda, DeviceNameIsTheDrivers) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device (the GPU machine runs this)";
+  EXPECT_NE(cuda_device_name().find("NVIDIA"), std::string::npos) << cuda_device_name();
 }
 
 TEST(Vulkan, CpuScheduleOnVulkanTargetIsAClearError) {

@@ -14,4 +14,7 @@ int cuda_device_count(std::string* why = nullptr);
 // Throws BackendError with the reason when no CUDA device can be used.
 void require_cuda_device();
 
+// The driver's name of CUDA device 0 ("NVIDIA H200", ...); throws BackendError when there is none.
+std::string cuda_device_name();
+
 }  // namespace kvouter
