@@ -94,25 +94,6 @@ int overlap_parts_of(const std::string& staging) {
   return n >= 1 ? n : -1;
 }
 
-// Datasheet figures (NVIDIA's H200 and H100 datasheets; the issues' targets are ratios to the
-// H200 SXM's), matched in order on the device's name as its driver gives it. The lent machines
-// are H200 SXM ("NVIDIA H200") and H100 SXM ("NVIDIA H100 80GB HBM3"). Another device has no
-// figures: its records carry no ratios rather than another device's.
-struct Datasheet {
-  const char* name_contains;
-  double fp32_tflops, hbm_tbps;
-};
-constexpr Datasheet kDatasheets[] = {
-    {"H200 NVL", 60.0, 4.8}, {"H200", 67.0, 4.8}, {"H100 NVL", 60.0, 3.9},
-    {"H100 PCIe", 51.0, 2.0}, {"H100", 67.0, 3.35},
-};
-
-const Datasheet* datasheet_of(const std::string& device) {
-  for (const auto& d : kDatasheets) {
-    if (device.find(d.name_contains) != std::string::npos) return &d;
-  }
-  return nullptr;
-}
 constexpr double kMaxCheckedFlops = 2e11;
 
 std::vector<std::string> split(const std::string& s) {
@@ -234,10 +215,14 @@ int run(int argc, char** argv) {
       throw InputError("--targets", "host-vulkan or host-cuda", target);
     }
   }
-  const Datasheet* sheet = datasheet_of(device_name);
+  const GpuDatasheet* sheet = gpu_datasheet(device_name);
   if (!sheet) std::fprintf(stderr, "no datasheet figures for %s: no ratios to its peak\n", device_name.c_str());
-  // A ratio to the device's datasheet figure, or null without one.
-  auto pct = [&](double rate, double Datasheet::*figure) { return sheet ? json(100.0 * rate / (sheet->*figure)) : json(nullptr); };
+  const auto pct_text = [](const json& v) {
+    if (v.is_null()) return std::string("n/a");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f", v.get<double>());
+    return std::string(buf);
+  };
   json doc = {{"tool", "kvouter_gpu_bench"},
               {"git_rev", git_revision()},
               {"halide", halide_version() + " (AOT)"},
@@ -354,9 +339,9 @@ int run(int argc, char** argv) {
         r.update({{"variant", bp.count("variant") ? bp.at("variant") : std::string()},
                   {"query_batches", static_cast<int64_t>(plan.tiles.batch_tile_begin.size()) - 1},
                   {"tflops", flops / ms / 1e9},
-                  {"pct_fp32_peak", pct(flops / ms / 1e9, &Datasheet::fp32_tflops)},
+                  {"pct_fp32_peak", pct_of_datasheet(sheet, flops / ms / 1e9, &GpuDatasheet::fp32_tflops)},
                   {"kv_tbps", kv_bytes / ms / 1e9},
-                  {"pct_hbm", pct(kv_bytes / ms / 1e9, &Datasheet::hbm_tbps)}});
+                  {"pct_hbm", pct_of_datasheet(sheet, kv_bytes / ms / 1e9, &GpuDatasheet::hbm_tbps)}});
         if (dtype == Dtype::kFloat32) {
           float32_ms[shape + "/" + key] = ms;
         } else if (auto f = float32_ms.find(shape + "/" + key); f != float32_ms.end()) {
@@ -371,12 +356,6 @@ int run(int argc, char** argv) {
             : !first_key.empty()
                 ? (r["vs_" + first_key]["within_tolerance"].get<bool>() ? "matches " : "DIFFERS from ") + first_key
                 : std::string("the reference of the runs after it");
-        const auto pct_text = [](const json& v) {
-          if (v.is_null()) return std::string("n/a");
-          char buf[32];
-          std::snprintf(buf, sizeof(buf), "%.1f", v.get<double>());
-          return std::string(buf);
-        };
         std::fprintf(stderr, "%s %s: kernels %.2f ms (fwd %.2f, comb %.2f) = %.2f TFLOP/s = %s%% FP32 peak; K/V %.2f TB/s = %s%% HBM; %s\n",
                      label.c_str(), key.c_str(), ms, median(t.forward_ms), median(t.combine_ms), flops / ms / 1e9,
                      pct_text(r["pct_fp32_peak"]).c_str(), kv_bytes / ms / 1e9, pct_text(r["pct_hbm"]).c_str(),

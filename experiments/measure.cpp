@@ -132,4 +132,19 @@ double record_median_ms(const nlohmann::json& rec) {
   return nan;
 }
 
+const GpuDatasheet* gpu_datasheet(const std::string& device_name) {
+  static constexpr GpuDatasheet kSheets[] = {
+      {"H200 NVL", 60.0, 4.8}, {"H200", 67.0, 4.8},  {"H100 NVL", 60.0, 3.9},
+      {"H100 PCIe", 51.0, 2.0}, {"H100", 67.0, 3.35},
+  };
+  for (const auto& d : kSheets) {
+    if (device_name.find(d.name_contains) != std::string::npos) return &d;
+  }
+  return nullptr;
+}
+
+nlohmann::json pct_of_datasheet(const GpuDatasheet* sheet, double rate, double GpuDatasheet::*figure) {
+  return sheet ? nlohmann::json(100.0 * rate / (sheet->*figure)) : nlohmann::json(nullptr);
+}
+
 }  // namespace kvouter::experiments

@@ -64,4 +64,17 @@ nlohmann::json measurement_record(const Measurement& m, const Plan& plan);
 // `kernel_ms` of the GPU benchmark's files); NaN when the record has no time.
 double record_median_ms(const nlohmann::json& rec);
 
+// A GPU's datasheet figures, the ratios' denominators: NVIDIA's H200 and H100 datasheets (the
+// issues' targets are ratios to the H200 SXM's), matched in order on the device's name as its
+// driver gives it ("NVIDIA H200", "NVIDIA H100 80GB HBM3", ...). nullptr for another device,
+// whose records then carry no ratios rather than another device's.
+struct GpuDatasheet {
+  const char* name_contains;
+  double fp32_tflops, hbm_tbps;
+};
+const GpuDatasheet* gpu_datasheet(const std::string& device_name);
+
+// 100 * rate / the datasheet's figure, or null without a datasheet.
+nlohmann::json pct_of_datasheet(const GpuDatasheet* sheet, double rate, double GpuDatasheet::*figure);
+
 }  // namespace kvouter::experiments

@@ -169,5 +169,21 @@ TEST(Measure, RecordHasTheOneSchema) {
   EXPECT_TRUE(std::isnan(record_median_ms({{"status", "rejected"}})));
 }
 
+// The GPU benchmark's ratios are to the datasheet of the device that ran: the H200's and the
+// H100's by their drivers' names, the more specific name first; none for another device.
+TEST(Measure, GpuRatiosAreToTheDevicesOwnDatasheet) {
+  const GpuDatasheet* h200 = gpu_datasheet("NVIDIA H200");
+  const GpuDatasheet* h100 = gpu_datasheet("NVIDIA H100 80GB HBM3");
+  ASSERT_TRUE(h200 && h100);
+  EXPECT_EQ(h200->hbm_tbps, 4.8);
+  EXPECT_EQ(h100->hbm_tbps, 3.35);
+  EXPECT_EQ(h200->fp32_tflops, 67.0);
+  EXPECT_EQ(gpu_datasheet("NVIDIA H100 PCIe")->hbm_tbps, 2.0);
+  EXPECT_EQ(gpu_datasheet("NVIDIA H200 NVL")->fp32_tflops, 60.0);
+  EXPECT_EQ(gpu_datasheet("llvmpipe (LLVM 15.0.6, 256 bits)"), nullptr);
+  EXPECT_DOUBLE_EQ(pct_of_datasheet(h100, 1.675, &GpuDatasheet::hbm_tbps).get<double>(), 50.0);
+  EXPECT_TRUE(pct_of_datasheet(nullptr, 1.0, &GpuDatasheet::hbm_tbps).is_null());
+}
+
 }  // namespace
 }  // namespace kvouter::experiments
