@@ -44,6 +44,17 @@ Inputs every_row_empty(Dtype dtype) {
   return in;
 }
 
+// K's values all subnormal (below 2^-126, about 1.2e-38; bfloat16 has float32's exponent range)
+// and q's about 1e37, so that the logits are of order 1 and come from the subnormals alone.
+Inputs subnormal_k(Dtype dtype) {
+  CaseSpec s = base();
+  Inputs in = experiments::make_case(s);
+  for (float& x : in.q.data) x *= 1e37f;
+  for (float& x : in.k_pages.data) x *= 1e-38f;
+  in.store_as(dtype);
+  return in;
+}
+
 std::vector<Adversary> adversaries() {
   return {
       {"huge_logits_scale_1e4", [] { return huge_logits(Dtype::kFloat32); }, true},
@@ -78,6 +89,8 @@ std::vector<Adversary> adversaries() {
       {"huge_logits_scale_1e4_bfloat16", [] { return huge_logits(Dtype::kBFloat16); }, true},
       {"every_row_empty_float16", [] { return every_row_empty(Dtype::kFloat16); }},
       {"every_row_empty_bfloat16", [] { return every_row_empty(Dtype::kBFloat16); }},
+      {"subnormal_k", [] { return subnormal_k(Dtype::kFloat32); }},
+      {"subnormal_k_bfloat16", [] { return subnormal_k(Dtype::kBFloat16); }},
       {"used_kv_lens_at_msb_times_block", [] {
          CaseSpec s = base();
          s.kv = {64, 64};  // msb * block_size exactly
@@ -130,7 +143,7 @@ TEST_P(AdversarialTest, FiniteAndMatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(
     BackendXAdversary, AdversarialTest,
-    ::testing::Combine(::testing::Values("direct/seed-simd8", "dense/eigen-f32", "jit/cpu_tiled", "jit/cpu_simple", "aot/cpu_tiled"),
+    ::testing::Combine(::testing::Values("direct/seed-simd8", "dense/eigen-f32", "jit/cpu_tiled", "jit/cpu_simple", "jit/cpu_decode", "aot/cpu_tiled"),
                        ::testing::Range<size_t>(0, adversaries().size())),
     [](const auto& info) {
       std::string b = std::get<0>(info.param);
