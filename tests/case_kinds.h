@@ -36,6 +36,19 @@ inline Inputs values_only(Inputs in) {
   return in;
 }
 
+// `in` with every K value made subnormal (scaled by 1e-38: below float32's smallest normal,
+// 2^-126 or about 1.2e-38; bfloat16 has float32's exponent range) and q scaled by 1e37, so that
+// the logits keep their order of 1 and come from the subnormals alone. A backend that flushes
+// subnormal inputs to zero (DAZ, `vdpbf16ps`, a GPU's FTZ mode) gets uniform weights here and is
+// off the oracle. Stored back in `dtype` (float32 or bfloat16).
+inline Inputs with_subnormal_keys(Inputs in, Dtype dtype) {
+  in.store_as(Dtype::kFloat32);
+  for (float& x : in.q.data) x *= 1e37f;
+  for (float& x : in.k_pages.data) x *= 1e-38f;
+  in.store_as(dtype);
+  return in;
+}
+
 inline std::vector<std::pair<std::string, experiments::CaseSpec>> case_kinds() {
   using experiments::CaseSpec;
   std::vector<std::pair<std::string, CaseSpec>> k;

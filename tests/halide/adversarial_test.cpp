@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "case_gen.h"
+#include "case_kinds.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "registry.h"
@@ -44,16 +45,8 @@ Inputs every_row_empty(Dtype dtype) {
   return in;
 }
 
-// K's values all subnormal (below 2^-126, about 1.2e-38; bfloat16 has float32's exponent range)
-// and q's about 1e37, so that the logits are of order 1 and come from the subnormals alone.
-Inputs subnormal_k(Dtype dtype) {
-  CaseSpec s = base();
-  Inputs in = experiments::make_case(s);
-  for (float& x : in.q.data) x *= 1e37f;
-  for (float& x : in.k_pages.data) x *= 1e-38f;
-  in.store_as(dtype);
-  return in;
-}
+// K's values all subnormal, q's about 1e37 (case_kinds.h).
+Inputs subnormal_k(Dtype dtype) { return testing::with_subnormal_keys(experiments::make_case(base()), dtype); }
 
 std::vector<Adversary> adversaries() {
   return {

@@ -766,6 +766,37 @@ TEST(Cuda, AotVariantsOfTheGpuShapes) {
   }
 }
 
+// K made of subnormals (case_kinds.h's with_subnormal_keys): a device that flushes subnormal
+// inputs to zero gets uniform weights and is off the oracle. Every manual Vulkan schedule through
+// the JIT, and on a CUDA device every schedule's fitting AOT kernels, in float32 and bfloat16.
+Inputs subnormal_keys_case(Dtype dtype) {
+  return testing::with_subnormal_keys(experiments::make_case(testing::case_kinds().front().second), dtype);
+}
+
+TEST(Vulkan, SubnormalKeysMatchTheOracle) {
+  REQUIRE_VULKAN();
+  for (Dtype dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    const Inputs in = subnormal_keys_case(dtype);
+    for (const auto& schedule : vulkan_schedules()) check("jit", schedule, in, std::string("subnormal K, ") + dtype_name(dtype));
+  }
+}
+
+TEST(Cuda, SubnormalKeysMatchTheOracle) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  experiments::register_all_backends();
+  for (Dtype dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    const Inputs in = subnormal_keys_case(dtype);
+    for (const char* schedule : {"vulkan_fused", "vulkan_tiled", "vulkan_onepass", "vulkan_slices"}) {
+      const auto names = fitting_variants(schedule, "host-cuda", in);
+      EXPECT_FALSE(names.empty()) << schedule << " has a CUDA variant for " << dtype_name(dtype);
+      for (const auto& variant : names) {
+        check("aot", schedule, in, std::string("subnormal K, ") + variant, {{"variant", variant}}, 1, "host-cuda");
+      }
+    }
+  }
+}
+
 TEST(Cuda, NoDeviceIsAClearError) {
   std::string why;
   if (cuda_device_count(&why) > 0) GTEST_SKIP() << "a CUDA device is present";
