@@ -263,7 +263,9 @@ int run(int argc, char** argv) {
                                   {"fences_kept", st.fences_kept}, {"errors", st.errors},
                                   {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
                                   {"barriers_narrowed", st.barriers_narrowed},
-                                  {"devices_without_robust_access", st.devices_without_robust_access}};
+                                  {"devices_without_robust_access", st.devices_without_robust_access},
+                                  {"devices_preserving_denorms", st.devices_preserving_denorms},
+                                  {"denorm_preserve", st.denorm_preserve}};
       json partial = doc;
       partial["results"].push_back(shape_doc);
       std::ofstream(json_path) << partial.dump(2) << "\n";

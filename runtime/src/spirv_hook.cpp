@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +27,11 @@ std::atomic<PFN_vkGetInstanceProcAddr> real_get_instance_proc{nullptr};
 std::atomic<PFN_vkGetDeviceProcAddr> real_get_device_proc{nullptr};
 std::atomic<PFN_vkCreateShaderModule> instance_create_shader_module{nullptr};  // the loader's trampoline
 std::atomic<PFN_vkCreateDevice> real_create_device{nullptr};
+std::atomic<VkInstance> last_instance{VK_NULL_HANDLE};  // the instance Halide asked vkCreateDevice of
 
 std::mutex mu;
 std::map<VkDevice, PFN_vkCreateShaderModule> device_create_shader_module;  // guarded by mu
+std::set<VkDevice> devices_preserving_denorms;                              // guarded by mu
 StageStats stats;                                                          // guarded by mu
 
 PFN_vkCreateShaderModule create_shader_module_for(VkDevice device) {
@@ -66,9 +69,14 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
   }
   dump(n, "in", info->pCode, count);
   RewriteReport rep;
+  RewriteOptions options;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    options.denorm_preserve_32 = devices_preserving_denorms.count(device) > 0;
+  }
   std::vector<uint32_t> words;
   try {
-    words = rewrite(info->pCode, count, &rep);
+    words = rewrite(info->pCode, count, &rep, options);
   } catch (const SpirvError&) {
     std::lock_guard<std::mutex> lock(mu);
     stats.errors++;
@@ -82,12 +90,46 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
     stats.non_readable += rep.non_readable;
     stats.barriers_narrowed += rep.barriers_narrowed;
     stats.barriers_removed += rep.barriers_removed;
+    stats.denorm_preserve += rep.denorm_preserve > 0 ? 1 : 0;
   }
   dump(n, "out", words.data(), words.size());
   VkShaderModuleCreateInfo staged = *info;
   staged.pCode = words.data();
   staged.codeSize = words.size() * sizeof(uint32_t);
   return real(device, &staged, allocator, module);
+}
+
+// Whether modules for devices of `physical` get DenormPreserve 32: the device keeps float32
+// subnormals when asked (VkPhysicalDeviceFloatControlsProperties, core in Vulkan 1.2, where
+// SPV_KHR_float_controls needs no device extension).
+bool preserves_denorms(VkPhysicalDevice physical) {
+  if (!denorm_preserve_enabled()) return false;
+  const PFN_vkGetInstanceProcAddr get = real_get_instance_proc.load();
+  const VkInstance instance = last_instance.load();
+  if (!get || instance == VK_NULL_HANDLE) return false;
+  auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(instance, "vkGetPhysicalDeviceProperties"));
+  auto props2 = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties2>(get(instance, "vkGetPhysicalDeviceProperties2"));
+  if (!props || !props2) return false;
+  VkPhysicalDeviceProperties p{};
+  props(physical, &p);
+  if (p.apiVersion < VK_API_VERSION_1_2) return false;
+  VkPhysicalDeviceFloatControlsProperties fc{};
+  fc.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
+  VkPhysicalDeviceProperties2 p2{};
+  p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+  p2.pNext = &fc;
+  props2(physical, &p2);
+  return fc.shaderDenormPreserveFloat32 == VK_TRUE;
+}
+
+void note_device(VkPhysicalDevice physical, VkDevice device) {
+  const bool preserve = preserves_denorms(physical);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!preserve) {
+    devices_preserving_denorms.erase(device);  // a handle a destroyed device had may come back
+  } else if (devices_preserving_denorms.insert(device).second) {
+    stats.devices_preserving_denorms++;
+  }
 }
 
 // Halide 21 enables every feature the device offers, robustBufferAccess among them: each buffer
@@ -98,7 +140,11 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_device(VkPhysicalDevice physical, c
                                                     const VkAllocationCallbacks* allocator, VkDevice* device) {
   const PFN_vkCreateDevice real = real_create_device.load();
   if (!real) return VK_ERROR_INITIALIZATION_FAILED;
-  if (robust_access() || !info) return real(physical, info, allocator, device);
+  if (robust_access() || !info) {
+    const VkResult r = real(physical, info, allocator, device);
+    if (r == VK_SUCCESS && device) note_device(physical, *device);
+    return r;
+  }
   std::vector<std::pair<VkBool32*, VkBool32>> restore;
   auto clear = [&](const VkPhysicalDeviceFeatures* f) {
     if (!f || !f->robustBufferAccess) return;
@@ -114,6 +160,7 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_device(VkPhysicalDevice physical, c
   }
   const VkResult r = real(physical, info, allocator, device);
   for (auto& [flag, value] : restore) *flag = value;
+  if (r == VK_SUCCESS && device) note_device(physical, *device);
   if (r == VK_SUCCESS && !restore.empty()) {
     std::lock_guard<std::mutex> lock(mu);
     stats.devices_without_robust_access++;
@@ -148,6 +195,7 @@ VKAPI_ATTR PFN_vkVoidFunction VKAPI_CALL staged_get_instance_proc(VkInstance ins
     return reinterpret_cast<PFN_vkVoidFunction>(&staged_get_device_proc);
   }
   if (std::strcmp(name, "vkCreateDevice") == 0) {
+    if (instance != VK_NULL_HANDLE) last_instance = instance;
     real_create_device = reinterpret_cast<PFN_vkCreateDevice>(f);
     return reinterpret_cast<PFN_vkVoidFunction>(&staged_create_device);
   }

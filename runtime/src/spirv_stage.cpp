@@ -96,11 +96,92 @@ struct Access {
   bool read = false, written = false;
 };
 
+// A literal string's words: UTF-8 bytes, nul-terminated, packed little-endian into words.
+std::vector<uint32_t> literal_string(const std::string& s) {
+  std::vector<uint32_t> out(s.size() / 4 + 1, 0);
+  for (size_t k = 0; k < s.size(); ++k) out[k / 4] |= static_cast<uint32_t>(static_cast<unsigned char>(s[k])) << (8 * (k % 4));
+  return out;
+}
+
+Inst make(spv::Op op, const std::vector<uint32_t>& operands) {
+  Inst i;
+  i.w.push_back(0);
+  i.w.insert(i.w.end(), operands.begin(), operands.end());
+  i.w[0] = (static_cast<uint32_t>(i.w.size()) << spv::WordCountShift) | static_cast<uint32_t>(op);
+  return i;
+}
+
+constexpr const char* kFloatControls = "SPV_KHR_float_controls";
+
+// Rewrite 3: the mode-setting instructions DenormPreserve 32 needs, each where SPIR-V's logical
+// layout puts it (capabilities, then extensions, then execution modes after the entry points).
+// Entry points that already carry a float32 denormal mode keep it.
+void add_denorm_preserve(Module& m, RewriteReport& rep) {
+  bool has_capability = false, has_extension = false;
+  std::vector<uint32_t> entries;
+  std::set<uint32_t> with_mode;
+  size_t last_capability = 0, last_extension = 0, last_mode = 0;
+  bool any_capability = false, any_extension = false, any_mode = false;
+  const std::vector<uint32_t> ext_words = literal_string(kFloatControls);
+  for (size_t n = 0; n < m.insts.size(); ++n) {
+    const auto& w = m.insts[n].w;
+    switch (m.insts[n].op()) {
+      case spv::OpCapability:
+        if (w.size() >= 2 && w[1] == spv::CapabilityDenormPreserve) has_capability = true;
+        last_capability = n, any_capability = true;
+        break;
+      case spv::OpExtension:
+        if (std::vector<uint32_t>(w.begin() + 1, w.end()) == ext_words) has_extension = true;
+        last_extension = n, any_extension = true;
+        break;
+      case spv::OpEntryPoint:
+        if (w.size() >= 3 && w[1] == spv::ExecutionModelGLCompute) entries.push_back(w[2]);
+        last_mode = n, any_mode = true;
+        break;
+      case spv::OpExecutionMode:
+      case spv::OpExecutionModeId:
+        if (w.size() >= 4 && (w[2] == spv::ExecutionModeDenormPreserve || w[2] == spv::ExecutionModeDenormFlushToZero) &&
+            w[3] == 32) {
+          with_mode.insert(w[1]);
+        }
+        last_mode = n, any_mode = true;
+        break;
+      default:
+        break;
+    }
+  }
+  std::vector<Inst> modes;
+  for (uint32_t e : entries) {
+    if (!with_mode.count(e)) {
+      modes.push_back(make(spv::OpExecutionMode, {e, static_cast<uint32_t>(spv::ExecutionModeDenormPreserve), 32u}));
+    }
+  }
+  if (modes.empty() || !any_capability || !any_mode) return;
+  rep.denorm_preserve = static_cast<int>(modes.size());
+  const bool need_extension = m.header[1] < 0x00010400 && !has_extension;
+  std::vector<Inst> out;
+  out.reserve(m.insts.size() + modes.size() + 2);
+  for (size_t n = 0; n < m.insts.size(); ++n) {
+    out.push_back(std::move(m.insts[n]));
+    if (n == last_capability) {
+      if (!has_capability) out.push_back(make(spv::OpCapability, {static_cast<uint32_t>(spv::CapabilityDenormPreserve)}));
+      if (need_extension && !any_extension) out.push_back(make(spv::OpExtension, ext_words));
+    }
+    if (need_extension && any_extension && n == last_extension) out.push_back(make(spv::OpExtension, ext_words));
+    if (n == last_mode) {
+      for (auto& i : modes) out.push_back(std::move(i));
+    }
+  }
+  m.insts = std::move(out);
+}
+
 }  // namespace
 
-std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport* report) {
+std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport* report,
+                              const RewriteOptions& options) {
   Module m = parse(words, count);
   RewriteReport rep;
+  if (options.denorm_preserve_32) add_denorm_preserve(m, rep);
   uint32_t bound = m.header[3];
 
   // Declarations: pointer types, buffer-block structs, constants, the storage-buffer variables.
@@ -321,6 +402,14 @@ std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport
   for (const Inst& i : out) result.insert(result.end(), i.w.begin(), i.w.end());
   if (report) *report = rep;
   return result;
+}
+
+bool denorm_preserve_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVOUTER_SPIRV_DENORMS");
+    return stage_enabled() && !(e && std::strcmp(e, "driver") == 0);
+  }();
+  return on;
 }
 
 bool stage_enabled() {

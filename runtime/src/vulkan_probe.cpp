@@ -38,6 +38,7 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
   }
   auto enumerate = reinterpret_cast<PFN_vkEnumeratePhysicalDevices>(get(inst, "vkEnumeratePhysicalDevices"));
   auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(inst, "vkGetPhysicalDeviceProperties"));
+  auto props2 = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties2>(get(inst, "vkGetPhysicalDeviceProperties2"));
   uint32_t n = 0;
   if (enumerate && enumerate(inst, &n, nullptr) == VK_SUCCESS && n > 0) {
     std::vector<VkPhysicalDevice> devs(n);
@@ -50,7 +51,18 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated-gpu"
                          : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU    ? "virtual-gpu"
                                                                                   : "other";
-      out.push_back({p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange, p.limits.maxComputeSharedMemorySize});
+      VulkanDevice dev{p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange,
+                       p.limits.maxComputeSharedMemorySize};
+      if (props2 && p.apiVersion >= VK_API_VERSION_1_2) {
+        VkPhysicalDeviceFloatControlsProperties fc{};
+        fc.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
+        VkPhysicalDeviceProperties2 p2{};
+        p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+        p2.pNext = &fc;
+        props2(d, &p2);
+        dev.denorm_preserve_float32 = fc.shaderDenormPreserveFloat32 == VK_TRUE;
+      }
+      out.push_back(std::move(dev));
     }
   }
   if (out.empty()) return fail("the Vulkan loader found no physical device");

@@ -253,6 +253,57 @@ TEST(SpirvStage, ExistingDecorationsAreNotRepeatedAndTheRewriteIsIdempotent) {
   EXPECT_FALSE(again.changed());
 }
 
+Rewritten run_preserving(const std::string& source) {
+  const auto in = assemble(source);
+  EXPECT_EQ(validate(in), "") << "the test's own module must be valid";
+  Rewritten r;
+  r.words = rewrite(in, &r.report, RewriteOptions{true});
+  EXPECT_EQ(validate(r.words), "") << "the rewritten module must stay valid";
+  r.text = disassemble(r.words);
+  return r;
+}
+
+TEST(SpirvStage, DenormPreserveComesOnlyWhenAskedWithItsCapabilityAndExtension) {
+  const std::string source = kernel("OpStore %pb %s");
+  const Rewritten plain = run(source);
+  EXPECT_EQ(plain.report.denorm_preserve, 0);
+  EXPECT_EQ(plain.text.find("DenormPreserve"), std::string::npos) << plain.text;
+  EXPECT_EQ(plain.text.find("float_controls"), std::string::npos);
+
+  const Rewritten r = run_preserving(source);
+  EXPECT_EQ(r.report.denorm_preserve, 1);
+  EXPECT_TRUE(r.report.changed());
+  EXPECT_EQ(count(r.text, "OpCapability DenormPreserve"), 1) << r.text;
+  EXPECT_EQ(count(r.text, "OpExtension \"SPV_KHR_float_controls\""), 1) << r.text;
+  EXPECT_EQ(count(r.text, "OpExecutionMode %1 DenormPreserve 32"), 1) << r.text;  // %1: the entry point
+  // In SPIR-V's layout order: capabilities, extensions, memory model, entry points, modes.
+  const size_t cap = r.text.find("OpCapability DenormPreserve"), ext = r.text.find("OpExtension");
+  const size_t model = r.text.find("OpMemoryModel"), mode = r.text.find("DenormPreserve 32");
+  EXPECT_LT(cap, ext);
+  EXPECT_LT(ext, model);
+  EXPECT_LT(r.text.find("OpEntryPoint"), mode);
+  EXPECT_LT(r.text.find("LocalSize 32 1 1"), mode);
+  // The other rewrites are unchanged by it.
+  EXPECT_EQ(r.report.non_writable, plain.report.non_writable);
+  EXPECT_EQ(r.report.barriers_removed, plain.report.barriers_removed);
+
+  RewriteReport again;
+  EXPECT_EQ(rewrite(r.words, &again, RewriteOptions{true}), r.words) << "idempotent";
+  EXPECT_EQ(again.denorm_preserve, 0);
+}
+
+TEST(SpirvStage, AnEntryPointsOwnDenormalModeIsKept) {
+  std::string source = kernel("OpStore %pb %s");
+  const std::string local = "OpExecutionMode %main LocalSize 32 1 1\n";
+  source.replace(source.find(local), local.size(), local + "OpExecutionMode %main DenormFlushToZero 32\n");
+  source.replace(source.find("OpCapability Shader\n"), 20,
+                 "OpCapability Shader\nOpCapability DenormFlushToZero\nOpExtension \"SPV_KHR_float_controls\"\n");
+  const Rewritten r = run_preserving(source);
+  EXPECT_EQ(r.report.denorm_preserve, 0);
+  EXPECT_EQ(r.text.find("DenormPreserve"), std::string::npos) << r.text;
+  EXPECT_EQ(count(r.text, "SPV_KHR_float_controls"), 1);
+}
+
 TEST(SpirvStage, MalformedModulesAreTypedErrors) {
   std::vector<uint32_t> m = assemble(kernel("OpStore %pb %s"));
   EXPECT_THROW(rewrite(m.data(), 3), SpirvError);
@@ -310,6 +361,9 @@ TEST(SpirvStage, EveryGeneratedVulkanKernelStaysValidAndGetsItsDecorations) {
       RewriteReport rep;
       const auto out = rewrite(m, &rep);
       ASSERT_EQ(validate(out), "");
+      RewriteReport preserving;
+      ASSERT_EQ(validate(rewrite(m, &preserving, RewriteOptions{true})), "") << "with DenormPreserve 32";
+      EXPECT_EQ(preserving.denorm_preserve, 1) << "one compute entry point per module";
       EXPECT_GE(rep.storage_buffers, 2);
       EXPECT_GE(rep.non_writable, 1) << "every kernel reads an input it never writes";
       EXPECT_EQ(rep.non_writable + rep.non_readable, rep.storage_buffers)

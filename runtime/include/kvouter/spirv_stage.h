@@ -7,6 +7,10 @@
 //      storage buffer is both written and read in it (so a workgroup's invocations cannot
 //      exchange data through device memory); an OpMemoryBarrier left ordering nothing beyond its
 //      OpControlBarrier is removed. A module that reads and writes one buffer keeps every fence.
+//   3. On a device that can keep float32 subnormals (shaderDenormPreserveFloat32), the
+//      DenormPreserve 32 execution mode on each compute entry point (SPV_KHR_float_controls), so
+//      that the driver does not flush subnormal inputs and results to zero, as the CPU and CUDA
+//      kernels do not (the NVIDIA driver flushes them without it).
 //
 // Anything the analysis does not understand (a pointer passed to a call, a phi of pointers, an
 // image write) counts as both a read and a write: the stage only ever leaves a module unchanged
@@ -39,15 +43,28 @@ struct RewriteReport {
   int barriers = 0;           // OpControlBarrier + OpMemoryBarrier seen
   int barriers_narrowed = 0;  // semantics narrowed to workgroup memory
   int barriers_removed = 0;   // OpMemoryBarrier removed (covered by its OpControlBarrier)
+  int denorm_preserve = 0;     // entry points given DenormPreserve 32
   // Why the device-memory fences were kept (empty when they were narrowed or there were none).
   std::string fence_kept_because;
-  bool changed() const { return non_writable + non_readable + barriers_narrowed + barriers_removed > 0; }
+  bool changed() const {
+    return non_writable + non_readable + barriers_narrowed + barriers_removed + denorm_preserve > 0;
+  }
+};
+
+// What the device allows beyond the analysis' own rewrites.
+struct RewriteOptions {
+  // Give each GLCompute entry point without a float32 denormal mode DenormPreserve 32 (with the
+  // DenormPreserve capability and, below SPIR-V 1.4, the SPV_KHR_float_controls extension).
+  // Only for a device whose shaderDenormPreserveFloat32 is true.
+  bool denorm_preserve_32 = false;
 };
 
 // Rewrites one module (words, host byte order). Throws SpirvError on a malformed module.
-std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport* report = nullptr);
-inline std::vector<uint32_t> rewrite(const std::vector<uint32_t>& m, RewriteReport* r = nullptr) {
-  return rewrite(m.data(), m.size(), r);
+std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport* report = nullptr,
+                              const RewriteOptions& options = {});
+inline std::vector<uint32_t> rewrite(const std::vector<uint32_t>& m, RewriteReport* r = nullptr,
+                                     const RewriteOptions& options = {}) {
+  return rewrite(m.data(), m.size(), r, options);
 }
 
 // False when KVOUTER_SPIRV_STAGE is "off" or "0" (read once per process).
@@ -58,6 +75,11 @@ bool stage_enabled();
 // is then undefined instead of reading 0. Read once per process; on by default.
 bool robust_access();
 
+// Whether the installed stage gives modules DenormPreserve 32 on devices that allow it. False
+// when KVOUTER_SPIRV_DENORMS is "driver" (the driver's own float32 denormal behaviour, for
+// comparison runs) or the stage is off. Read once per process.
+bool denorm_preserve_enabled();
+
 // What the installed stage has done in this process, summed over modules.
 struct StageStats {
   int64_t modules = 0;       // modules that reached vkCreateShaderModule through the stage
@@ -66,6 +88,8 @@ struct StageStats {
   int64_t errors = 0;        // of which could not be parsed (passed on unchanged)
   int64_t non_writable = 0, non_readable = 0, barriers_narrowed = 0, barriers_removed = 0;
   int64_t devices_without_robust_access = 0;  // devices created with robustBufferAccess cleared
+  int64_t devices_preserving_denorms = 0;      // devices whose modules get DenormPreserve 32
+  int64_t denorm_preserve = 0;                 // modules given DenormPreserve 32
 };
 StageStats stage_stats();
 

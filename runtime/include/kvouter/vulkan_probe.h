@@ -14,6 +14,9 @@ struct VulkanDevice {
   uint32_t api_version = 0;
   uint64_t max_storage_buffer_bytes = 0;  // VkPhysicalDeviceLimits::maxStorageBufferRange
   uint64_t max_shared_bytes = 0;          // VkPhysicalDeviceLimits::maxComputeSharedMemorySize
+  // VkPhysicalDeviceFloatControlsProperties::shaderDenormPreserveFloat32 (Vulkan 1.2 devices;
+  // false below): whether a shader may ask the device to keep float32 subnormals.
+  bool denorm_preserve_float32 = false;
 };
 
 // The physical devices the loader reports (empty when there is no loader, no driver or no
