@@ -264,6 +264,7 @@ int run(int argc, char** argv) {
                                   {"non_writable", st.non_writable}, {"barriers_removed", st.barriers_removed},
                                   {"barriers_narrowed", st.barriers_narrowed},
                                   {"devices_without_robust_access", st.devices_without_robust_access},
+                                  {"devices_created", st.devices_created},
                                   {"devices_preserving_denorms", st.devices_preserving_denorms},
                                   {"denorm_preserve", st.denorm_preserve}};
       json partial = doc;
@@ -409,6 +410,13 @@ int run(int argc, char** argv) {
     doc["results"].push_back(shape_doc);
   }
   std::printf("%s\n", doc.dump(2).c_str());
+  {
+    const spirv::StageStats st = spirv::stage_stats();
+    std::fprintf(stderr, "SPIR-V stage: %lld modules, %lld rewritten, %lld with DenormPreserve 32; %lld devices created, %lld preserving denormals\n",
+                 static_cast<long long>(st.modules), static_cast<long long>(st.rewritten),
+                 static_cast<long long>(st.denorm_preserve), static_cast<long long>(st.devices_created),
+                 static_cast<long long>(st.devices_preserving_denorms));
+  }
   // A result that differs from its reference fails the run (exit 1), after everything is written.
   int differs = 0;
   for (const auto& sd : doc["results"]) {

@@ -125,6 +125,7 @@ bool preserves_denorms(VkPhysicalDevice physical) {
 void note_device(VkPhysicalDevice physical, VkDevice device) {
   const bool preserve = preserves_denorms(physical);
   std::lock_guard<std::mutex> lock(mu);
+  stats.devices_created++;
   if (!preserve) {
     devices_preserving_denorms.erase(device);  // a handle a destroyed device had may come back
   } else if (devices_preserving_denorms.insert(device).second) {

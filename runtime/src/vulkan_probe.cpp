@@ -30,7 +30,12 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
   auto get = reinterpret_cast<PFN_vkGetInstanceProcAddr>(dlsym(lib, "vkGetInstanceProcAddr"));
   if (!get) return fail("libvulkan.so.1 has no vkGetInstanceProcAddr");
   auto create = reinterpret_cast<PFN_vkCreateInstance>(get(nullptr, "vkCreateInstance"));
-  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "kvouter", 1, "kvouter", 1, VK_API_VERSION_1_1};
+  // Vulkan 1.2's property structures (float controls) are only filled for an instance of 1.2 or later.
+  auto instance_version = reinterpret_cast<PFN_vkEnumerateInstanceVersion>(get(nullptr, "vkEnumerateInstanceVersion"));
+  uint32_t loader_version = VK_API_VERSION_1_0;
+  if (instance_version) instance_version(&loader_version);
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "kvouter", 1, "kvouter", 1,
+                        std::min<uint32_t>(loader_version, VK_API_VERSION_1_3)};
   VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, nullptr, 0, &app, 0, nullptr, 0, nullptr};
   VkInstance inst = VK_NULL_HANDLE;
   if (!create || create(&ci, nullptr, &inst) != VK_SUCCESS) {
@@ -53,7 +58,7 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
                                                                                   : "other";
       VulkanDevice dev{p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange,
                        p.limits.maxComputeSharedMemorySize};
-      if (props2 && p.apiVersion >= VK_API_VERSION_1_2) {
+      if (props2 && p.apiVersion >= VK_API_VERSION_1_2 && app.apiVersion >= VK_API_VERSION_1_2) {
         VkPhysicalDeviceFloatControlsProperties fc{};
         fc.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
         VkPhysicalDeviceProperties2 p2{};
@@ -61,6 +66,7 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
         p2.pNext = &fc;
         props2(d, &p2);
         dev.denorm_preserve_float32 = fc.shaderDenormPreserveFloat32 == VK_TRUE;
+        dev.denorm_flush_float32 = fc.shaderDenormFlushToZeroFloat32 == VK_TRUE;
       }
       out.push_back(std::move(dev));
     }

@@ -467,6 +467,7 @@ void expect_stage_rewrites(const std::string& backend) {
   EXPECT_GT(after.barriers_removed - before.barriers_removed, 0) << "vulkan_onepass's forward has barriers";
   // DenormPreserve 32 on every module exactly when the device allows it and the switch
   // (KVOUTER_SPIRV_DENORMS) leaves it on.
+  EXPECT_GT(after.devices_created, 0) << "the device was created through the stage's vkCreateDevice";
   bool allows = false;
   for (const auto& d : vulkan_devices()) allows = allows || d.denorm_preserve_float32;
   if (spirv::denorm_preserve_enabled() && allows) {
@@ -810,6 +811,11 @@ bool driver_flushes_subnormals() {
 TEST(Vulkan, SubnormalKeysMatchTheOracle) {
   REQUIRE_VULKAN();
   const bool flushes = driver_flushes_subnormals();
+  for (const auto& d : vulkan_devices()) {
+    std::printf("%s: shaderDenormPreserveFloat32 %d, shaderDenormFlushToZeroFloat32 %d; DenormPreserve 32 %s\n",
+                d.name.c_str(), d.denorm_preserve_float32, d.denorm_flush_float32,
+                spirv::denorm_preserve_enabled() && d.denorm_preserve_float32 ? "asked" : "not asked");
+  }
   for (Dtype dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
     const Inputs in = subnormal_keys_case(dtype);
     for (const auto& schedule : vulkan_schedules()) {

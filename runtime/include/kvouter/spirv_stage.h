@@ -88,7 +88,8 @@ struct StageStats {
   int64_t errors = 0;        // of which could not be parsed (passed on unchanged)
   int64_t non_writable = 0, non_readable = 0, barriers_narrowed = 0, barriers_removed = 0;
   int64_t devices_without_robust_access = 0;  // devices created with robustBufferAccess cleared
-  int64_t devices_preserving_denorms = 0;      // devices whose modules get DenormPreserve 32
+  int64_t devices_created = 0;                 // devices created through the stage's vkCreateDevice
+  int64_t devices_preserving_denorms = 0;      // of which their modules get DenormPreserve 32
   int64_t denorm_preserve = 0;                 // modules given DenormPreserve 32
 };
 StageStats stage_stats();

@@ -17,6 +17,7 @@ struct VulkanDevice {
   // VkPhysicalDeviceFloatControlsProperties::shaderDenormPreserveFloat32 (Vulkan 1.2 devices;
   // false below): whether a shader may ask the device to keep float32 subnormals.
   bool denorm_preserve_float32 = false;
+  bool denorm_flush_float32 = false;  // ...::shaderDenormFlushToZeroFloat32
 };
 
 // The physical devices the loader reports (empty when there is no loader, no driver or no
