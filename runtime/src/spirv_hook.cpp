@@ -119,7 +119,7 @@ bool preserves_denorms(VkPhysicalDevice physical) {
   p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
   p2.pNext = &fc;
   props2(physical, &p2);
-  return fc.shaderDenormPreserveFloat32 == VK_TRUE;
+  return fc.shaderDenormPreserveFloat32 == VK_TRUE || denorm_preserve_forced();
 }
 
 void note_device(VkPhysicalDevice physical, VkDevice device) {

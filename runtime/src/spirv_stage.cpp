@@ -404,6 +404,14 @@ std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport
   return result;
 }
 
+bool denorm_preserve_forced() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVOUTER_SPIRV_DENORMS");
+    return stage_enabled() && e && std::strcmp(e, "force") == 0;
+  }();
+  return on;
+}
+
 bool denorm_preserve_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("KVOUTER_SPIRV_DENORMS");

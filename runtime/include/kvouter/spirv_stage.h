@@ -79,6 +79,10 @@ bool robust_access();
 // when KVOUTER_SPIRV_DENORMS is "driver" (the driver's own float32 denormal behaviour, for
 // comparison runs) or the stage is off. Read once per process.
 bool denorm_preserve_enabled();
+// KVOUTER_SPIRV_DENORMS=force: DenormPreserve 32 on every Vulkan 1.2 device, also where it does
+// not report shaderDenormPreserveFloat32. Outside the Vulkan specification (the validation layer
+// rejects it there): an experiment switch, to learn what a driver does with the mode.
+bool denorm_preserve_forced();
 
 // What the installed stage has done in this process, summed over modules.
 struct StageStats {
