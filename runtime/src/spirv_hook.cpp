@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvouter/spirv_stage.h"
+#include "vulkan_float_controls.h"
 
 namespace kvouter::spirv {
 
@@ -104,21 +105,11 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
 // SPV_KHR_float_controls needs no device extension).
 bool preserves_denorms(VkPhysicalDevice physical) {
   if (!denorm_preserve_enabled()) return false;
-  const PFN_vkGetInstanceProcAddr get = real_get_instance_proc.load();
-  const VkInstance instance = last_instance.load();
-  if (!get || instance == VK_NULL_HANDLE) return false;
-  auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(instance, "vkGetPhysicalDeviceProperties"));
-  auto props2 = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties2>(get(instance, "vkGetPhysicalDeviceProperties2"));
-  if (!props || !props2) return false;
-  VkPhysicalDeviceProperties p{};
-  props(physical, &p);
-  if (p.apiVersion < VK_API_VERSION_1_2) return false;
-  VkPhysicalDeviceFloatControlsProperties fc{};
-  fc.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
-  VkPhysicalDeviceProperties2 p2{};
-  p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-  p2.pNext = &fc;
-  props2(physical, &p2);
+  // Halide 21 creates its instance for Vulkan 1.3.
+  VkPhysicalDeviceFloatControlsProperties fc;
+  if (!detail::float_controls(real_get_instance_proc.load(), last_instance.load(), VK_API_VERSION_1_3, physical, &fc)) {
+    return false;
+  }
   return fc.shaderDenormPreserveFloat32 == VK_TRUE || denorm_preserve_forced();
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "kvouter/errors.h"
+#include "vulkan_float_controls.h"
 
 namespace kvouter {
 
@@ -43,7 +44,6 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
   }
   auto enumerate = reinterpret_cast<PFN_vkEnumeratePhysicalDevices>(get(inst, "vkEnumeratePhysicalDevices"));
   auto props = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(get(inst, "vkGetPhysicalDeviceProperties"));
-  auto props2 = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties2>(get(inst, "vkGetPhysicalDeviceProperties2"));
   uint32_t n = 0;
   if (enumerate && enumerate(inst, &n, nullptr) == VK_SUCCESS && n > 0) {
     std::vector<VkPhysicalDevice> devs(n);
@@ -58,16 +58,10 @@ std::vector<VulkanDevice> find_vulkan_devices(std::string* why) {
                                                                                   : "other";
       VulkanDevice dev{p.deviceName, type, p.apiVersion, p.limits.maxStorageBufferRange,
                        p.limits.maxComputeSharedMemorySize};
-      if (props2 && p.apiVersion >= VK_API_VERSION_1_2 && app.apiVersion >= VK_API_VERSION_1_2) {
-        VkPhysicalDeviceFloatControlsProperties fc{};
-        fc.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
-        VkPhysicalDeviceProperties2 p2{};
-        p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-        p2.pNext = &fc;
-        props2(d, &p2);
-        dev.denorm_preserve_float32 = fc.shaderDenormPreserveFloat32 == VK_TRUE;
-        dev.denorm_flush_float32 = fc.shaderDenormFlushToZeroFloat32 == VK_TRUE;
-      }
+      VkPhysicalDeviceFloatControlsProperties fc;
+      detail::float_controls(get, inst, app.apiVersion, d, &fc);
+      dev.denorm_preserve_float32 = fc.shaderDenormPreserveFloat32 == VK_TRUE;
+      dev.denorm_flush_float32 = fc.shaderDenormFlushToZeroFloat32 == VK_TRUE;
       out.push_back(std::move(dev));
     }
   }
