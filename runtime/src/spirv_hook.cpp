@@ -64,17 +64,14 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
   }
   const size_t count = info->codeSize / 4;
   int64_t n = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    n = stats.modules++;
-  }
-  dump(n, "in", info->pCode, count);
-  RewriteReport rep;
   RewriteOptions options;
   {
     std::lock_guard<std::mutex> lock(mu);
+    n = stats.modules++;
     options.denorm_preserve_32 = devices_preserving_denorms.count(device) > 0;
   }
+  dump(n, "in", info->pCode, count);
+  RewriteReport rep;
   std::vector<uint32_t> words;
   try {
     words = rewrite(info->pCode, count, &rep, options);
@@ -104,13 +101,10 @@ VKAPI_ATTR VkResult VKAPI_CALL staged_create_shader_module(VkDevice device, cons
 // subnormals when asked (VkPhysicalDeviceFloatControlsProperties, core in Vulkan 1.2, where
 // SPV_KHR_float_controls needs no device extension).
 bool preserves_denorms(VkPhysicalDevice physical) {
-  if (!denorm_preserve_enabled()) return false;
   // Halide 21 creates its instance for Vulkan 1.3.
   VkPhysicalDeviceFloatControlsProperties fc;
-  if (!detail::float_controls(real_get_instance_proc.load(), last_instance.load(), VK_API_VERSION_1_3, physical, &fc)) {
-    return false;
-  }
-  return fc.shaderDenormPreserveFloat32 == VK_TRUE || denorm_preserve_forced();
+  const bool v12 = detail::float_controls(real_get_instance_proc.load(), last_instance.load(), VK_API_VERSION_1_3, physical, &fc);
+  return asks_denorm_preserve(v12, fc.shaderDenormPreserveFloat32 == VK_TRUE);
 }
 
 void note_device(VkPhysicalDevice physical, VkDevice device) {

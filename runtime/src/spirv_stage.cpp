@@ -21,10 +21,10 @@ struct Inst {
   spv::Op op() const { return static_cast<spv::Op>(w[0] & spv::OpCodeMask); }
 };
 
-Inst make(spv::Op op, std::initializer_list<uint32_t> operands) {
+Inst make(spv::Op op, const std::vector<uint32_t>& operands) {
   Inst i;
   i.w.push_back(0);
-  i.w.insert(i.w.end(), operands);
+  i.w.insert(i.w.end(), operands.begin(), operands.end());
   i.w[0] = (static_cast<uint32_t>(i.w.size()) << spv::WordCountShift) | static_cast<uint32_t>(op);
   return i;
 }
@@ -101,14 +101,6 @@ std::vector<uint32_t> literal_string(const std::string& s) {
   std::vector<uint32_t> out(s.size() / 4 + 1, 0);
   for (size_t k = 0; k < s.size(); ++k) out[k / 4] |= static_cast<uint32_t>(static_cast<unsigned char>(s[k])) << (8 * (k % 4));
   return out;
-}
-
-Inst make(spv::Op op, const std::vector<uint32_t>& operands) {
-  Inst i;
-  i.w.push_back(0);
-  i.w.insert(i.w.end(), operands.begin(), operands.end());
-  i.w[0] = (static_cast<uint32_t>(i.w.size()) << spv::WordCountShift) | static_cast<uint32_t>(op);
-  return i;
 }
 
 constexpr const char* kFloatControls = "SPV_KHR_float_controls";
@@ -404,20 +396,25 @@ std::vector<uint32_t> rewrite(const uint32_t* words, size_t count, RewriteReport
   return result;
 }
 
-bool denorm_preserve_forced() {
-  static const bool on = [] {
+namespace {
+
+enum class DenormMode { kDevice, kDriver, kForce };
+
+// KVOUTER_SPIRV_DENORMS, read once per process; the driver's behaviour with the stage off.
+DenormMode denorm_mode() {
+  static const DenormMode mode = [] {
     const char* e = std::getenv("KVOUTER_SPIRV_DENORMS");
-    return stage_enabled() && e && std::strcmp(e, "force") == 0;
+    if (!stage_enabled() || (e && std::strcmp(e, "driver") == 0)) return DenormMode::kDriver;
+    return e && std::strcmp(e, "force") == 0 ? DenormMode::kForce : DenormMode::kDevice;
   }();
-  return on;
+  return mode;
 }
 
-bool denorm_preserve_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVOUTER_SPIRV_DENORMS");
-    return stage_enabled() && !(e && std::strcmp(e, "driver") == 0);
-  }();
-  return on;
+}  // namespace
+
+bool asks_denorm_preserve(bool device_is_vulkan_1_2, bool device_reports_preserve) {
+  return device_is_vulkan_1_2 && (denorm_mode() == DenormMode::kForce ||
+                                  (denorm_mode() == DenormMode::kDevice && device_reports_preserve));
 }
 
 bool stage_enabled() {

@@ -441,6 +441,11 @@ INSTANTIATE_TEST_SUITE_P(TwinXKind, VulkanTwinTest,
 // passes through it and the outputs match as well. JIT and AOT are separate tests: a process that
 // ran both Vulkan runtimes crashes at exit inside the validation layer (Halide's AOT runtime
 // releasing its device; with or without the stage), which would fail the test after it passed.
+// Whether the SPIR-V stage gives this device's modules DenormPreserve 32.
+bool asks_denorm_preserve(const VulkanDevice& d) {
+  return spirv::asks_denorm_preserve(d.api_version >= VK_API_VERSION_1_2, d.denorm_preserve_float32);
+}
+
 void expect_stage_rewrites(const std::string& backend) {
   experiments::CaseSpec s = experiments::named_shape("tiny");
   const Inputs in = experiments::make_case(s);
@@ -469,10 +474,8 @@ void expect_stage_rewrites(const std::string& backend) {
   // (KVOUTER_SPIRV_DENORMS) leaves it on.
   EXPECT_GT(after.devices_created, 0) << "the device was created through the stage's vkCreateDevice";
   bool allows = false;
-  for (const auto& d : vulkan_devices()) {
-    allows = allows || d.denorm_preserve_float32 || (spirv::denorm_preserve_forced() && d.api_version >= VK_API_VERSION_1_2);
-  }
-  if (spirv::denorm_preserve_enabled() && allows) {
+  for (const auto& d : vulkan_devices()) allows = allows || asks_denorm_preserve(d);
+  if (allows) {
     EXPECT_GT(after.devices_preserving_denorms, 0);
     EXPECT_EQ(after.denorm_preserve - before.denorm_preserve, after.modules - before.modules);
   } else {
@@ -806,8 +809,7 @@ bool matches_oracle(const std::string& backend_name, const std::string& schedule
 // there, which alarms when it starts to match.
 bool driver_flushes_subnormals() {
   for (const auto& d : vulkan_devices()) {
-    const bool asked = spirv::denorm_preserve_enabled() && (d.denorm_preserve_float32 || spirv::denorm_preserve_forced());
-    if (d.name.find("NVIDIA") != std::string::npos && !asked) return true;
+    if (d.name.find("NVIDIA") != std::string::npos && !asks_denorm_preserve(d)) return true;
   }
   return false;
 }
@@ -818,9 +820,7 @@ TEST(Vulkan, SubnormalKeysMatchTheOracle) {
   for (const auto& d : vulkan_devices()) {
     std::printf("%s: shaderDenormPreserveFloat32 %d, shaderDenormFlushToZeroFloat32 %d; DenormPreserve 32 %s\n",
                 d.name.c_str(), d.denorm_preserve_float32, d.denorm_flush_float32,
-                spirv::denorm_preserve_enabled() && (d.denorm_preserve_float32 || spirv::denorm_preserve_forced())
-                    ? "asked"
-                    : "not asked");
+                asks_denorm_preserve(d) ? "asked" : "not asked");
   }
   for (Dtype dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
     const Inputs in = subnormal_keys_case(dtype);

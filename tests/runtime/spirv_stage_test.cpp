@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <spirv-tools/libspirv.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -302,6 +303,15 @@ TEST(SpirvStage, AnEntryPointsOwnDenormalModeIsKept) {
   EXPECT_EQ(r.report.denorm_preserve, 0);
   EXPECT_EQ(r.text.find("DenormPreserve"), std::string::npos) << r.text;
   EXPECT_EQ(count(r.text, "SPV_KHR_float_controls"), 1);
+}
+
+TEST(SpirvStage, DenormPreserveIsAskedOnlyOfVulkan12DevicesThatReportIt) {
+  if (std::getenv("KVOUTER_SPIRV_DENORMS") || std::getenv("KVOUTER_SPIRV_STAGE")) {
+    GTEST_SKIP() << "the rule under its default switches (KVOUTER_SPIRV_DENORMS or KVOUTER_SPIRV_STAGE is set)";
+  }
+  EXPECT_TRUE(asks_denorm_preserve(true, true));
+  EXPECT_FALSE(asks_denorm_preserve(true, false)) << "a device that does not report it";
+  EXPECT_FALSE(asks_denorm_preserve(false, true)) << "below Vulkan 1.2";
 }
 
 TEST(SpirvStage, MalformedModulesAreTypedErrors) {

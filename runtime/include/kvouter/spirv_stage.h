@@ -75,14 +75,13 @@ bool stage_enabled();
 // is then undefined instead of reading 0. Read once per process; on by default.
 bool robust_access();
 
-// Whether the installed stage gives modules DenormPreserve 32 on devices that allow it. False
-// when KVOUTER_SPIRV_DENORMS is "driver" (the driver's own float32 denormal behaviour, for
-// comparison runs) or the stage is off. Read once per process.
-bool denorm_preserve_enabled();
-// KVOUTER_SPIRV_DENORMS=force: DenormPreserve 32 on every Vulkan 1.2 device, also where it does
-// not report shaderDenormPreserveFloat32. Outside the Vulkan specification (the validation layer
-// rejects it there): an experiment switch, to learn what a driver does with the mode.
-bool denorm_preserve_forced();
+// KVOUTER_SPIRV_DENORMS (read once per process) picks which devices' modules get DenormPreserve
+// 32: unset, those that report shaderDenormPreserveFloat32; "driver", none (the driver's own
+// float32 denormal behaviour, for comparison runs; also with the stage off); "force", every
+// Vulkan 1.2 device, also one that does not report it. Forcing is outside the Vulkan
+// specification (the validation layer rejects it): an experiment switch, to learn what a driver
+// does with the mode. This is the one rule the device hook applies and the tests expect.
+bool asks_denorm_preserve(bool device_is_vulkan_1_2, bool device_reports_preserve);
 
 // What the installed stage has done in this process, summed over modules.
 struct StageStats {
