@@ -106,6 +106,7 @@ class KvouterForward : public Generator<KvouterForward> {
     f.static_rows = tile_edge_count > 0 && qhead > 0 ? int(tile_edge_count) * int(qhead) : 0;
     f.static_T = tile_edge_count;
     f.static_C = static_block ? C : 0;
+    f.static_page = page_size > 0 ? int(page_size) : 0;
     f.storage = storage_type();
     f.static_NC = static_block ? (int(block_size) + C - 1) / C : 0;
     f.rd = RDom(0, D, "rd");

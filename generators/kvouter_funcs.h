@@ -66,6 +66,7 @@ struct ForwardFuncs {
   int static_T = 0;     // edges per tile where specialised, else 0
   int static_C = 0;     // positions per chunk where block and page are specialised, else 0
   int static_NC = 0;    // chunks per block, likewise
+  int static_page = 0;  // positions per page where specialised, else 0
   Halide::Type storage = Halide::Float(32);  // q, K and V as stored (bfloat16: its bits, uint16)
 };
 
