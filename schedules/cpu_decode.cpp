@@ -31,8 +31,11 @@
 // (experiments/results/cpu/2026-12-05/cpu_bench_tile_sized.json). On a 2-core Sapphire
 // Rapids-class Xeon (2026-12-05, experiments/results/cpu_bench.json, the build of 73fef40): JIT
 // 21.9 ms, AOT 22.4 ms, 41-42 % of the roofline bound at 29.6 GB/s, 61-62 % of the paged-read
-// bound, 1.9x direct. Those figures are from before the page split. With it, on a 2-core Zen 3
-// (AVX2; 2026-12-06, experiments/results/cpu/2026-12-06/dtype_bench_zen3.json): the default
+// bound, 1.9x direct. Those figures are from before the page split. With it, on the same Xeon
+// kind (2026-12-06, experiments/results/cpu/2026-12-06/dtype_bench_xeon.json; where the time
+// goes: where_the_time_goes_xeon.md there): JIT 23.4 ms, AOT 22.8 ms, 45-47 % of the roofline
+// bound at 25.5 GB/s, 2.0x direct; float16 1.37-1.39x and bfloat16 1.27-1.33x faster than
+// float32. On a 2-core Zen 3 (AVX2; 2026-12-06, dtype_bench_zen3.json there): the default
 // variant AOT 28.7 ms, 31 % of the roofline bound at 30.6 GB/s, 1.8x direct; float16 1.47x and
 // bfloat16 1.29x faster than float32.
 #include <algorithm>
