@@ -11,33 +11,30 @@
 //     own prefetch is prefetchnta, which did not help); a task then runs at least 16 consecutive tiles, so that the requested tile is
 //     mostly the same worker's. With ahead = 0 the K and V chunks are copied as they lie per tile
 //     (rows of D, streaming loads: from DRAM, in place was slower without the requests);
-//   - S, the chunk's max, weights and sums run over rows as vectors; P . V vectorises over D;
+//   - S, the chunk's max, weights and sums run over rows as vectors (S over rows and channel
+//     pairs where the rows fill half a vector); P . V vectorises over D;
 //   - both products in register tiles (positions x a row vector; rows x D vectors), the
 //     reduction outermost; with V in place, the P . V positions split by page, so that a page's
 //     address is computed once per page (6-10 % off the kernel in cache on a Zen 3 host,
 //     2026-12-06, experiments/results/cpu/2026-12-06/decode_page_split_zen3.md).
 // The row vector is the target's width, halved down to 4 lanes while it exceeds the tile's rows
-// where they are known (8 lanes for decode on AVX-512). Knobs: chunk, grain, vec (the P . V
-// vector), rows x unroll (the positions of an S register tile, and the P . V tile as in cpu_tiled),
-// ahead.
-// Measured 2026-12-05 on a 2-core AMD EPYC Zen 4 (AVX-512), SPEC decode, forward + combine,
-// medians of three sweep runs (experiments/results/cpu/2026-12-05/decode_query_rows_zen4.md and
-// .jsonl): the default (ahead 1, rows 4 x unroll 2) JIT 17.3-19.5 ms, AOT 17.5-17.8 ms, 47-48 % of
-// the paged-read bound with requests (33-36 % of the sweep's sequential-read bound); 1.5-1.6x the
-// chunks copied (ahead 0), 2.6-2.8x direct. float16 and bfloat16 1.0-1.1x faster than float32.
-// The tuning database's decode default on that host, and this schedule's default knobs (its
-// AOT lines' too): with the register tile sized to the target instead (rows 4 x unroll 4 on
-// AVX-512) the JIT took 20.3 ms where AOT took 15.8 in one kvouter_bench run
-// (experiments/results/cpu/2026-12-05/cpu_bench_tile_sized.json). On a 2-core Sapphire
-// Rapids-class Xeon (2026-12-05, experiments/results/cpu_bench.json, the build of 73fef40): JIT
-// 21.9 ms, AOT 22.4 ms, 41-42 % of the roofline bound at 29.6 GB/s, 61-62 % of the paged-read
-// bound, 1.9x direct. Those figures are from before the page split. With it, on the same Xeon
-// kind (2026-12-06, experiments/results/cpu/2026-12-06/dtype_bench_xeon.json; where the time
-// goes: where_the_time_goes_xeon.md there): JIT 23.4 ms, AOT 22.8 ms, 45-47 % of the roofline
-// bound at 25.5 GB/s, 2.0x direct; float16 1.37-1.39x and bfloat16 1.27-1.33x faster than
-// float32. On a 2-core Zen 3 (AVX2; 2026-12-06, dtype_bench_zen3.json there): the default
-// variant AOT 28.7 ms, 31 % of the roofline bound at 30.6 GB/s, 1.8x direct; float16 1.47x and
-// bfloat16 1.29x faster than float32.
+// where they are known (8 lanes for decode on AVX-512). Where that fills at most half the target's
+// vector, the scores sum the even and odd channels in the vector's two halves (paired_scores):
+// half the FMAs; with the pages in cache 10-20 % off the kernel on the Xeon host below, from DRAM
+// within its noise. Knobs: chunk, grain, vec (the P . V vector), rows x unroll (the positions of
+// an S register tile, and the P . V tile as in cpu_tiled), ahead. The defaults (ahead 1, rows 4 x
+// unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host.
+// Measured, SPEC decode, forward + combine (where the time goes:
+// experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
+//   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-06, kvouter_bench
+//     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT (the database's
+//     rows 8 x unroll 2) 20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x
+//     direct; float16 1.39-1.41x and bfloat16 1.37x faster than float32;
+//   - 2-core Zen 3 (AVX2: no channel pairs), 2026-12-06 (dtype_bench_zen3.json there): AOT
+//     28.7 ms, 31 % of the roofline bound at 30.6 GB/s, 1.8x direct; float16 1.47x, bfloat16 1.29x;
+//   - 2-core Zen 4 (AVX-512), 2026-12-05, before the page split and the channel pairs
+//     (experiments/results/cpu/2026-12-05/decode_query_rows_zen4.md): JIT 17.3-19.5 ms, AOT
+//     17.5-17.8 ms, 2.6-2.8x direct, 1.5-1.6x the chunks copied (ahead 0).
 #include <algorithm>
 
 #include "schedules.h"
@@ -45,6 +42,33 @@
 namespace kvouter::pipeline {
 
 using namespace Halide;
+
+namespace {
+
+// The scores where the rows fill at most half a vector (8 rows on AVX-512): the channels' sum
+// split into its even and odd channels (rfactor), whose two partial sums are the vector's two
+// halves, lane = channel parity + 2 x row. A register tile's FMA then takes a channel pair of a
+// position's K row as one 64-bit broadcast and the query rows' pair of channels as one vector:
+// half the FMAs of 8-lane vectors over the rows alone. The halves are added once per tile.
+void paired_scores(ForwardFuncs& f, int lanes, int positions, RVar rc) {
+  const TailStrategy guard = TailStrategy::GuardWithIf;
+  Var co("co"), ci("ci"), ro("ro"), ri("ri"), v("v"), vr("vr");
+  RVar rdo("rdo"), rdi("rdi");
+  Func wrapper = f.s.in();
+  wrapper.compute_at(f.st, rc)
+      .reorder_storage(f.row, f.p)
+      .tile(f.row, f.p, co, ro, ci, ri, lanes, positions, guard)
+      .vectorize(ci, lanes)
+      .unroll(ri);
+  f.s.compute_at(wrapper, co).reorder_storage(f.row, f.p).vectorize(f.row, lanes).unroll(f.p);
+  Func pairs = f.s.update().split(f.rd.x, rdo, rdi, 2).rfactor(rdi, v);
+  f.s.update().reorder(f.row, rdi, f.p).vectorize(f.row, lanes).unroll(rdi).unroll(f.p);
+  pairs.compute_at(wrapper, co).reorder_storage(v, f.row, f.p);
+  pairs.reorder(v, f.row, f.p).fuse(v, f.row, vr).vectorize(vr, 2 * lanes).unroll(f.p);
+  pairs.update().reorder(v, f.row, f.p, rdo).fuse(v, f.row, vr).vectorize(vr, 2 * lanes).unroll(f.p);
+}
+
+}  // namespace
 
 void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
@@ -72,11 +96,16 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const bool v_in_place = k.ahead > 0 && f.static_D > 0 && f.static_D % (k.vec * k.unroll) == 0;
   if (!k_in_place) f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
   if (!v_in_place) f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
-  Knobs scores = k;
-  scores.vec = lanes;
-  scores.unroll = 1;
-  scores.rows = k.rows * k.unroll;  // positions per register tile
-  register_tiled_product(f.s, f.row, f.p, f.rd.x, f.st, rc, scores);
+  const int positions = k.rows * k.unroll;  // per score register tile
+  if (2 * lanes <= k.vec && f.static_D > 0 && f.static_D % 2 == 0) {
+    paired_scores(f, lanes, positions, rc);
+  } else {
+    Knobs scores = k;
+    scores.vec = lanes;
+    scores.unroll = 1;
+    scores.rows = positions;
+    register_tiled_product(f.s, f.row, f.p, f.rd.x, f.st, rc, scores);
+  }
   // The requests for a later tile's rows: those of the score tile's positions, once per score
   // tile (not per row), spread through the products.
   if (k.ahead > 0) f.pf.compute_at(f.s.in(), Var("co"));

@@ -152,6 +152,34 @@ TEST(Jit, DecodeAheadGivesTheCopiesBits) {
   }
 }
 
+// cpu_decode's scores in channel pairs (paired_scores: where a tile's rows fill at most half the
+// target's vector, e.g. 8 rows on AVX-512; on narrower targets these cases take the row-vector
+// scores) against the oracle: 8 and 4 rows a tile, D a multiple of the vector and not (72), the
+// K rows in place and copied, in every dtype. Odd D keeps the row-vector scores.
+TEST(Jit, DecodeScoresInChannelPairsMatchTheOracle) {
+  for (const int D : {128, 72, 33}) {
+    for (const int Hq : {16, 8}) {
+      experiments::CaseSpec s;
+      s.qo = {1, 1, 1, 0, 1};
+      s.kv = {300, 1024, 65, 7, 129};
+      s.Hq = Hq, s.Hkv = 2, s.D = D, s.block_size = 64, s.page_size = 16, s.topk = 4;
+      s.pad_prob = 0.1, s.neg_page_prob = 0.05, s.extra_pages = 2;
+      for (const Dtype dtype : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBFloat16}) {
+        s.dtype = dtype;
+        const Inputs in = experiments::make_case(s);
+        const Inputs values = testing::values_only(in);
+        const Outputs ref = reference::dense_attention<double>(values, validate(values));
+        for (const char* ahead : {"0", "1"}) {
+          auto b = jit("cpu_decode", {{"T", "1"}, {"ahead", ahead}, {"rows", "8"}, {"unroll", "2"}});
+          const auto err = experiments::compare_outputs(b->run(make_plan(in, b->plan_options()), in), ref);
+          EXPECT_TRUE(err.ok()) << "D=" << D << " Hq=" << Hq << " " << dtype_name(dtype) << " ahead=" << ahead
+                                << ": max|out err| " << err.max_out_err;
+        }
+      }
+    }
+  }
+}
+
 // The twins' parameters come from schedules/autoscheduler_params.txt (aot_test checks the AOT
 // twins against the same function): CORES becomes this machine's cores; no row is an error.
 TEST(Jit, AutoschedulerParamsComeFromTheirTable) {
