@@ -23,12 +23,13 @@
 // half the FMAs; with the pages in cache 10-20 % off the kernel on the Xeon host below, from DRAM
 // within its noise. Knobs: chunk, grain, vec (the P . V vector), rows x unroll (the positions of
 // an S register tile, and the P . V tile as in cpu_tiled), ahead. The defaults (ahead 1, rows 4 x
-// unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host.
+// unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host and on
+// the Xeon host (experiments/results/cpu/2026-12-06/tune_decode_xeon.jsonl: 22.9 ms).
 // Measured, SPEC decode, forward + combine (where the time goes:
 // experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
 //   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-06, kvouter_bench
-//     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT (the database's
-//     rows 8 x unroll 2) 20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x
+//     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT rows 8 x unroll 2
+//     20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x
 //     direct; float16 1.39-1.41x and bfloat16 1.37x faster than float32;
 //   - 2-core Zen 3 (AVX2: no channel pairs), 2026-12-06 (dtype_bench_zen3.json there): AOT
 //     28.7 ms, 31 % of the roofline bound at 30.6 GB/s, 1.8x direct; float16 1.47x, bfloat16 1.29x;
