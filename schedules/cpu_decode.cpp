@@ -52,19 +52,12 @@ namespace {
 // position's K row as one 64-bit broadcast and the query rows' pair of channels as one vector:
 // half the FMAs of 8-lane vectors over the rows alone. The halves are added once per tile.
 void paired_scores(ForwardFuncs& f, int lanes, int positions, RVar rc) {
-  const TailStrategy guard = TailStrategy::GuardWithIf;
-  Var co("co"), ci("ci"), ro("ro"), ri("ri"), v("v"), vr("vr");
+  Var v("v"), vr("vr");
   RVar rdo("rdo"), rdi("rdi");
-  Func wrapper = f.s.in();
-  wrapper.compute_at(f.st, rc)
-      .reorder_storage(f.row, f.p)
-      .tile(f.row, f.p, co, ro, ci, ri, lanes, positions, guard)
-      .vectorize(ci, lanes)
-      .unroll(ri);
-  f.s.compute_at(wrapper, co).reorder_storage(f.row, f.p).vectorize(f.row, lanes).unroll(f.p);
+  Func wrapper = register_tile(f.s, f.row, f.p, f.st, rc, lanes, lanes, positions);
   Func pairs = f.s.update().split(f.rd.x, rdo, rdi, 2).rfactor(rdi, v);
   f.s.update().reorder(f.row, rdi, f.p).vectorize(f.row, lanes).unroll(rdi).unroll(f.p);
-  pairs.compute_at(wrapper, co).reorder_storage(v, f.row, f.p);
+  pairs.compute_at(wrapper, Var("co")).reorder_storage(v, f.row, f.p);
   pairs.reorder(v, f.row, f.p).fuse(v, f.row, vr).vectorize(vr, 2 * lanes).unroll(f.p);
   pairs.update().reorder(v, f.row, f.p, rdo).fuse(v, f.row, vr).vectorize(vr, 2 * lanes).unroll(f.p);
 }

@@ -19,19 +19,24 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-// A small matrix product `product(col, row) += ...` over reduction `red`, computed per chunk at
-// (at, at_var) in register tiles of (unroll x vec) columns by `rows` rows: a wrapper stores the
-// chunk's result, and the product itself is computed per register tile with the reduction loop
-// outermost, so its accumulators stay in registers. Both are stored with `col` innermost.
-void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, RVar at_var, const Knobs& k) {
-  Var co("co"), ci("ci"), ro("ro"), ri("ri"), cu("cu"), cv("cv");
+Func register_tile(Func product, Var col, Var row, Func at, RVar at_var, int cols, int vec, int rows) {
+  Var co("co"), ci("ci"), ro("ro"), ri("ri");
   Func wrapper = product.in();
   wrapper.compute_at(at, at_var)
       .reorder_storage(col, row)
-      .tile(col, row, co, ro, ci, ri, k.vec * k.unroll, k.rows, TailStrategy::GuardWithIf)
-      .vectorize(ci, k.vec)
+      .tile(col, row, co, ro, ci, ri, cols, rows, TailStrategy::GuardWithIf)
+      .vectorize(ci, vec)
       .unroll(ri);
-  product.compute_at(wrapper, co).reorder_storage(col, row).vectorize(col, k.vec).unroll(col).unroll(row);
+  product.compute_at(wrapper, co).reorder_storage(col, row).vectorize(col, vec).unroll(col).unroll(row);
+  return wrapper;
+}
+
+// A small matrix product `product(col, row) += ...` over reduction `red`, computed per chunk at
+// (at, at_var) in register tiles of (unroll x vec) columns by `rows` rows (register_tile), with
+// the reduction loop outermost, so its accumulators stay in registers.
+void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, RVar at_var, const Knobs& k) {
+  Var cu("cu"), cv("cv");
+  register_tile(product, col, row, at, at_var, k.vec * k.unroll, k.vec, k.rows);
   product.update().split(col, cu, cv, k.vec).reorder(cv, cu, row, red).vectorize(cv).unroll(cu).unroll(row);
 }
 

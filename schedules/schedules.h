@@ -20,6 +20,13 @@ void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes = 0);
 // The combines the schedules share (cpu_simple.cpp, vulkan_tiled.cpp).
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
+// A register tile of a small product computed per chunk at (at, at_var): a wrapper of `product`
+// stores the chunk's result with `col` innermost, tiled by `cols` (vectorised by `vec`) x `rows`
+// (unrolled) in a loop "co" over the column tiles, and `product` itself is computed per register
+// tile there (stored `col` innermost, vectorised by `vec`, unrolled). Returns the wrapper; the
+// caller schedules product's update (cpu_tiled.cpp).
+Halide::Func register_tile(Halide::Func product, Halide::Var col, Halide::Var row, Halide::Func at,
+                           Halide::RVar at_var, int cols, int vec, int rows);
 // A small matrix product `product(col, row) += ...` over `red`, computed per chunk at (at, at_var)
 // in register tiles of (k.unroll x k.vec) columns by k.rows rows, the reduction outermost, `col`
 // vectorised and stored innermost (cpu_tiled.cpp).
