@@ -41,7 +41,8 @@ struct ShapeData {
   Inputs in;
   Outputs ref;
   // K and V in pool memory (kvouter/pool_memory.h), as an engine holds them, unless
-  // KVOUTER_BENCH_POOL=vector (the case's own std::vector); every backend reads `view`.
+  // KVOUTER_BENCH_POOL=vector (the case's own Tensor arrays, which lie in the same kind of memory:
+  // kvouter/tensor.h); every backend reads `view`.
   PoolMemory k_pool, v_pool;
   InputsView view;
 };

@@ -11,7 +11,7 @@ namespace kvouter::experiments {
 // Uniform [-1, 1) * scale, in chunks of 2^20 values, each from its own generator seeded by
 // (seed, chunk): the same values for any thread count, and fast for the GPU shapes' 2 x 17 GB of
 // K/V (a single generator took about 3 minutes for gpu-decode).
-static void fill_uniform(std::vector<float>& v, uint64_t seed, float scale) {
+static void fill_uniform(HostArray<float>& v, uint64_t seed, float scale) {
   constexpr int64_t kChunk = int64_t{1} << 20;
   const int64_t n = static_cast<int64_t>(v.size()), chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
@@ -25,7 +25,7 @@ static void fill_uniform(std::vector<float>& v, uint64_t seed, float scale) {
 // The values fill_uniform gives the pages `pages` (sorted ids) of a pool of `page_floats`-float
 // pages, packed densely into dst: each touched chunk is generated as fill_uniform does, and only
 // the pages' parts are kept.
-static void fill_uniform_pages(std::vector<float>& dst, const std::vector<int32_t>& pages, int64_t page_floats,
+static void fill_uniform_pages(HostArray<float>& dst, const std::vector<int32_t>& pages, int64_t page_floats,
                                uint64_t seed, float scale) {
   constexpr int64_t kChunk = int64_t{1} << 20;
   std::vector<int64_t> chunks;

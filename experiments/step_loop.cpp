@@ -83,7 +83,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     st.used_kv_lens = Tensor<int32_t>({B});
     for (auto& l : st.used_kv_lens->data) l = static_cast<int32_t>(maxp * PS);
   }
-  std::vector<int32_t>& lens = st.used_kv_lens->data;
+  auto& lens = st.used_kv_lens->data;
   // Decode: the loop's appends fill the last `steps` positions of each sequence, which start
   // beyond L_b (SPEC masks them) and are written one per step.
   if (decode) {

@@ -1,5 +1,7 @@
 #include "kvouter/pool_memory.h"
 
+#include "kvouter/tensor.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -14,13 +16,18 @@
 namespace kvouter {
 
 namespace {
-constexpr size_t kHuge = size_t{2} << 20;
-}
 
-PoolMemory::PoolMemory(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
+constexpr size_t kHuge = size_t{2} << 20;
+
+size_t huge_rounded(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+
+}  // namespace
+
+void* alloc_huge_array(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes > SIZE_MAX - 2 * kHuge) throw std::bad_alloc();
   // Over-map by one huge page and trim, so that the array starts on a 2 MiB boundary.
-  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  const size_t rounded = huge_rounded(bytes);
   const size_t span = rounded + kHuge;
   void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
@@ -29,11 +36,21 @@ PoolMemory::PoolMemory(size_t bytes) : bytes_(bytes) {
   if (aligned > base) ::munmap(p, aligned - base);
   const uintptr_t end = base + span, keep_end = aligned + rounded;
   if (end > keep_end) ::munmap(reinterpret_cast<void*>(keep_end), end - keep_end);
-  data_ = reinterpret_cast<void*>(aligned);
-  mapped_ = rounded;
+  void* data = reinterpret_cast<void*>(aligned);
 #ifdef MADV_HUGEPAGE
-  ::madvise(data_, mapped_, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
+  ::madvise(data, rounded, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
 #endif
+  return data;
+}
+
+void free_huge_array(void* p, size_t bytes) noexcept {
+  if (p) ::munmap(p, huge_rounded(bytes));
+}
+
+PoolMemory::PoolMemory(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  data_ = alloc_huge_array(bytes);
+  mapped_ = huge_rounded(bytes);
 }
 
 PoolMemory::PoolMemory(PoolMemory&& o) noexcept

@@ -586,7 +586,7 @@ void overlapped_steps(const Param& p, const std::vector<int64_t>& batches) {
     // A step that its plan refuses (a block past the sequence): the error names the selection,
     // and the next step is as before.
     {
-      std::vector<int32_t> bad(in.selected.data);
+      std::vector<int32_t> bad(in.selected.data.begin(), in.selected.data.end());
       bad[0] = 1 << 20;
       StepInputs refused(view);
       refused.selected = TensorView<const int32_t>(bad.data(), {B, spec.Hkv, spec.topk});
@@ -815,7 +815,7 @@ TEST(DeviceCache, ResidentTablesAreCheckedWhereWritten) {
   StepInputs s = e.step_inputs();
   s.resident_tables = true;
   EXPECT_EQ(input_error_field([&] { runner.step(s); }), "block_tables");  // none written yet
-  std::vector<int32_t> tables = e.host.block_tables.data;
+  std::vector<int32_t> tables(e.host.block_tables.data.begin(), e.host.block_tables.data.end());
   const TensorView<const int32_t> view(tables.data(), {Engine::B, Engine::max_pages});
   tables[Engine::max_pages + 2] = Engine::pool_pages;  // sequence 1, entry 2: beyond the pool
   EXPECT_EQ(input_error_field([&] { runner.write_block_tables(view); }), "block_tables[1, 2]");

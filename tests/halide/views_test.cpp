@@ -26,13 +26,13 @@ struct EngineArrays {
 EngineArrays engine_case(const experiments::CaseSpec& spec) {
   const Inputs in = experiments::make_case(spec);
   EngineArrays e;
-  e.q = in.q.data;
-  e.k = in.k_pages.data;
-  e.v = in.v_pages.data;
-  e.selected = in.selected.data;
-  e.tables = in.block_tables.data;
-  e.cu = in.cu_seqlens_q.data;
-  if (in.used_kv_lens) e.lens = in.used_kv_lens->data;
+  e.q.assign(in.q.data.begin(), in.q.data.end());
+  e.k.assign(in.k_pages.data.begin(), in.k_pages.data.end());
+  e.v.assign(in.v_pages.data.begin(), in.v_pages.data.end());
+  e.selected.assign(in.selected.data.begin(), in.selected.data.end());
+  e.tables.assign(in.block_tables.data.begin(), in.block_tables.data.end());
+  e.cu.assign(in.cu_seqlens_q.data.begin(), in.cu_seqlens_q.data.end());
+  if (in.used_kv_lens) e.lens.assign(in.used_kv_lens->data.begin(), in.used_kv_lens->data.end());
   auto dims = [](const std::vector<int64_t>& s) { return s; };
   const auto qs = dims(in.q.shape), ks = dims(in.k_pages.shape), ss = dims(in.selected.shape), ts = dims(in.block_tables.shape);
   e.view.q = TensorView<const float>(e.q.data(), {qs[0], qs[1], qs[2]});
@@ -79,15 +79,15 @@ TEST(Views, EveryCpuBackendReadsAndWritesCallerMemory) {
     b->run_into(plan, e.view,
                 OutputsView(TensorView<float>(out.data(), {e.p.Tq, e.p.Hq, e.p.D}), TensorView<float>(lse.data(), {e.p.Tq, e.p.Hq})));
     Outputs got{Tensor<float>({e.p.Tq, e.p.Hq, e.p.D}), Tensor<float>({e.p.Tq, e.p.Hq})};
-    got.out.data = out;
-    got.lse.data = lse;
+    got.out.data.assign(out.begin(), out.end());
+    got.lse.data.assign(lse.begin(), lse.end());
     const auto err = experiments::compare_outputs(got, ref);
     EXPECT_TRUE(err.ok()) << err.max_out_err << " " << err.max_lse_err;
     // A change to the engine's K is seen by the next run: the backend reads the memory itself.
     for (float& x : e.k) x = -x;
     const Outputs flipped = b->run(plan, e.view);
     for (float& x : e.k) x = -x;
-    EXPECT_NE(flipped.lse.data, lse);
+    EXPECT_NE(std::vector<float>(flipped.lse.data.begin(), flipped.lse.data.end()), lse);
   }
 }
 
@@ -124,7 +124,8 @@ TEST(Views, SixteenBitPoolsAreReadInPlace) {
     experiments::CaseSpec spec = small_spec();
     spec.dtype = t;
     const Inputs in = experiments::make_case(spec);
-    std::vector<uint16_t> q = in.q_bits.data, k = in.k_bits.data, v = in.v_bits.data;
+    std::vector<uint16_t> q(in.q_bits.data.begin(), in.q_bits.data.end()), k(in.k_bits.data.begin(), in.k_bits.data.end()),
+        v(in.v_bits.data.begin(), in.v_bits.data.end());
     InputsView view = in;
     const auto& qs = in.q.shape;
     const auto& ks = in.k_pages.shape;

@@ -11,6 +11,7 @@
 
 #include "kvouter/host_alloc.h"
 #include "kvouter/pool_memory.h"
+#include "kvouter/tensor.h"
 
 namespace kvouter::halide {
 namespace {
@@ -89,6 +90,29 @@ TEST(PoolMemory, IsAlignedAndItsHugeBytesAtMostThePool) {
   std::memset(pool.data(), 1, pool.bytes());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.data()) % (size_t{2} << 20), 0u);
   EXPECT_LE(pool.huge_bytes(), size_t{4} << 20);  // 3 MiB rounded up to whole huge pages
+}
+
+// A Tensor's large arrays (a case's K/V pages) in the same memory as an engine's pool: 2 MiB-aligned
+// and value-initialised; its small ones from operator new. Under AddressSanitizer every array is
+// from operator new, so that its bounds stay checked.
+TEST(PoolMemory, LargeTensorsLieOnHugePageBoundaries) {
+  const int64_t big = static_cast<int64_t>(kvouter::kHugeArrayBytes / sizeof(float)) + 5;
+  kvouter::Tensor<float> t({big}, 2.5f);
+  ASSERT_EQ(t.numel(), big);
+  EXPECT_EQ(t.data.front(), 2.5f);
+  EXPECT_EQ(t.data.back(), 2.5f);
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer build: every array comes from operator new";
+#else
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.ptr()) % kvouter::kHugeArrayBytes, 0u);
+  kvouter::Tensor<uint16_t> copy;
+  copy.shape = {2 * big};
+  copy.data.assign(static_cast<size_t>(2 * big), 7);  // a second large array, then both freed
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy.ptr()) % kvouter::kHugeArrayBytes, 0u);
+  t.data.resize(3);  // shrinking keeps the mapping; shrink_to_fit moves to operator new's memory
+  t.data.shrink_to_fit();
+  EXPECT_EQ(t.data.back(), 2.5f);
+#endif
 }
 
 TEST(PoolMemory, HugePagesOfAMergedAreaCountInTheRangesShare) {

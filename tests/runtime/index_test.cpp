@@ -33,7 +33,7 @@ Inputs hand_case(std::vector<int32_t> sel, int64_t qo, int64_t L, bool causal, i
   s.Hq = 1; s.Hkv = 1; s.D = 4; s.block_size = 4; s.page_size = 2; s.topk = topk; s.causal = causal;
   s.extra_blocks = 2;  // the table addresses blocks beyond L
   Inputs in = experiments::make_case(s);
-  in.selected.data = std::move(sel);
+  in.selected.data.assign(sel.begin(), sel.end());
   return in;
 }
 

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -11,10 +14,52 @@
 
 namespace kvouter {
 
+// Arrays of at least this many bytes live in huge-page memory (kvouter/pool_memory.h).
+inline constexpr size_t kHugeArrayBytes = size_t{2} << 20;
+// 2 MiB-aligned anonymous memory advised for transparent huge pages before its first touch, as
+// PoolMemory's; throws std::bad_alloc. Freed with free_huge_array(p, bytes).
+void* alloc_huge_array(size_t bytes);
+void free_huge_array(void* p, size_t bytes) noexcept;
+
+// Tensor's allocator: an array of kHugeArrayBytes or more (a case's K/V pages, the partials) on
+// huge pages, as an engine's KV pool, so that the CLI, the tuner and the sweeps time the kernels
+// on the memory the benchmarks and an engine give them (4 KiB pages cost SPEC decode 9 % on the
+// Sapphire Rapids-class host, experiments/results/cpu/2026-12-06/cli_huge_pages_xeon.md); smaller
+// ones from operator new. Under AddressSanitizer every array comes from operator new, so that
+// its bounds stay checked.
+template <class T>
+struct ArrayAllocator {
+  using value_type = T;
+  ArrayAllocator() = default;
+  template <class U>
+  ArrayAllocator(const ArrayAllocator<U>&) noexcept {}  // NOLINT: rebinding, as std::allocator
+  T* allocate(size_t n) {
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
+#if !defined(__SANITIZE_ADDRESS__)
+    if (n * sizeof(T) >= kHugeArrayBytes) return static_cast<T*>(alloc_huge_array(n * sizeof(T)));
+#endif
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+#if !defined(__SANITIZE_ADDRESS__)
+    if (n * sizeof(T) >= kHugeArrayBytes) return free_huge_array(p, n * sizeof(T));
+#endif
+    std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const ArrayAllocator<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const ArrayAllocator<U>&) const noexcept { return false; }
+};
+
+// A host array in Tensor's memory.
+template <class T>
+using HostArray = std::vector<T, ArrayAllocator<T>>;
+
 template <class T>
 struct Tensor {
   std::vector<int64_t> shape;
-  std::vector<T> data;
+  HostArray<T> data;
 
   Tensor() = default;
   explicit Tensor(std::vector<int64_t> s, T fill = T{}) : shape(std::move(s)) {
