@@ -23,8 +23,10 @@
 // half the FMAs; with the pages in cache 10-20 % off the kernel on the Xeon host below, from DRAM
 // within its noise. Knobs: chunk, grain, vec (the P . V vector), rows x unroll (the positions of
 // an S register tile, and the P . V tile as in cpu_tiled), ahead. The defaults (ahead 1, rows 4 x
-// unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host and on
-// the Xeon host (experiments/results/cpu/2026-12-06/tune_decode_xeon.jsonl: 22.9 ms).
+// unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host; on the
+// Xeon host the database's entry (experiments/results/cpu/2026-12-06/tune_decode_xeon_huge_pages.jsonl,
+// 25.3 ms there) is T 1 and rows 4 x unroll 4, 1-4 % faster than these defaults in alternating runs
+// (experiments/results/cpu/2026-12-06/cli_huge_pages_xeon.md).
 // Measured, SPEC decode, forward + combine (where the time goes:
 // experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
 //   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-06, kvouter_bench
