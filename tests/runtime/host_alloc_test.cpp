@@ -101,7 +101,7 @@ TEST(PoolMemory, LargeTensorsLieOnHugePageBoundaries) {
   ASSERT_EQ(t.numel(), big);
   EXPECT_EQ(t.data.front(), 2.5f);
   EXPECT_EQ(t.data.back(), 2.5f);
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(KVOUTER_ASAN)
   GTEST_SKIP() << "AddressSanitizer build: every array comes from operator new";
 #else
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.ptr()) % kvouter::kHugeArrayBytes, 0u);

@@ -14,6 +14,15 @@
 
 namespace kvouter {
 
+// AddressSanitizer builds (gcc defines __SANITIZE_ADDRESS__, clang answers __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define KVOUTER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVOUTER_ASAN 1
+#endif
+#endif
+
 // Arrays of at least this many bytes live in huge-page memory (kvouter/pool_memory.h).
 inline constexpr size_t kHugeArrayBytes = size_t{2} << 20;
 // 2 MiB-aligned anonymous memory advised for transparent huge pages before its first touch, as
@@ -35,13 +44,13 @@ struct ArrayAllocator {
   ArrayAllocator(const ArrayAllocator<U>&) noexcept {}  // NOLINT: rebinding, as std::allocator
   T* allocate(size_t n) {
     if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(KVOUTER_ASAN)
     if (n * sizeof(T) >= kHugeArrayBytes) return static_cast<T*>(alloc_huge_array(n * sizeof(T)));
 #endif
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, size_t n) noexcept {
-#if !defined(__SANITIZE_ADDRESS__)
+#if !defined(KVOUTER_ASAN)
     if (n * sizeof(T) >= kHugeArrayBytes) return free_huge_array(p, n * sizeof(T));
 #endif
     std::allocator<T>().deallocate(p, n);
