@@ -95,7 +95,7 @@ Inputs fuzzed_valid_inputs(FuzzedDataProvider& fdp, const Shape& s) {
   return in;
 }
 
-double max_abs(const std::vector<float>& v) {
+double max_abs(const HostArray<float>& v) {
   double m = 0;
   for (float x : v) {
     if (std::isfinite(x)) m = std::max(m, static_cast<double>(std::fabs(x)));
