@@ -17,7 +17,8 @@ namespace kvouter {
 
 namespace {
 
-constexpr size_t kHuge = size_t{2} << 20;
+// The mapping's size: whole huge pages (kHugeArrayBytes, kvouter/tensor.h).
+constexpr size_t kHuge = kHugeArrayBytes;
 
 size_t huge_rounded(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
 
@@ -47,34 +48,27 @@ void free_huge_array(void* p, size_t bytes) noexcept {
   if (p) ::munmap(p, huge_rounded(bytes));
 }
 
-PoolMemory::PoolMemory(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  data_ = alloc_huge_array(bytes);
-  mapped_ = huge_rounded(bytes);
-}
+PoolMemory::PoolMemory(size_t bytes) : data_(alloc_huge_array(bytes)), bytes_(bytes) {}
 
 PoolMemory::PoolMemory(PoolMemory&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), mapped_(std::exchange(o.mapped_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
 
 PoolMemory& PoolMemory::operator=(PoolMemory&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(data_, mapped_);
+    free_huge_array(data_, bytes_);
     data_ = std::exchange(o.data_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
-    mapped_ = std::exchange(o.mapped_, 0);
   }
   return *this;
 }
 
-PoolMemory::~PoolMemory() {
-  if (data_) ::munmap(data_, mapped_);
-}
+PoolMemory::~PoolMemory() { free_huge_array(data_, bytes_); }
 
 size_t PoolMemory::huge_bytes() const {
   if (!data_) return 0;
   std::ifstream smaps("/proc/self/smaps");
   const auto start = reinterpret_cast<uintptr_t>(data_);
-  return huge_bytes_in(smaps, start, start + mapped_);
+  return huge_bytes_in(smaps, start, start + huge_rounded(bytes_));
 }
 
 size_t huge_bytes_in(std::istream& smaps, uintptr_t start, uintptr_t stop) {

@@ -35,7 +35,7 @@ class PoolMemory {
 
  private:
   void* data_ = nullptr;
-  size_t bytes_ = 0, mapped_ = 0;
+  size_t bytes_ = 0;  // the mapping is bytes_ rounded up to whole huge pages
 };
 
 // The bytes of [start, stop) backed by huge pages, from /proc/self/smaps text: an area that the
