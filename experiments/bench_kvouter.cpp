@@ -12,7 +12,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -37,20 +36,14 @@ using namespace kvouter;
 
 namespace {
 
+// Every backend reads `view`, a view of `in`: its K and V arrays lie, as an engine's pool does,
+// on 2 MiB pages where the kernel gives them (Tensor's large arrays, kvouter/tensor.h; the
+// huge_page_pct counter says how much of them did).
 struct ShapeData {
   Inputs in;
   Outputs ref;
-  // K and V in pool memory (kvouter/pool_memory.h), as an engine holds them, unless
-  // KVOUTER_BENCH_POOL=vector (the case's own Tensor arrays, which lie in the same kind of memory:
-  // kvouter/tensor.h); every backend reads `view`.
-  PoolMemory k_pool, v_pool;
   InputsView view;
 };
-
-bool pool_on_huge_pages() {
-  const char* v = std::getenv("KVOUTER_BENCH_POOL");
-  return !v || std::string(v) != "vector";
-}
 
 // A shape key is a SPEC shape, or "<shape>@<dtype>" for the same shape stored in a 16-bit dtype.
 std::pair<std::string, Dtype> parse_shape_key(const std::string& key) {
@@ -83,14 +76,6 @@ ShapeData& shape_data(const std::string& key) {
       slot->in.v_pages = Tensor<float>();
     }
     slot->view = slot->in;
-    if (pool_on_huge_pages()) {
-      for (auto [pool, sv] : {std::pair{&slot->k_pool, &slot->view.k_pages}, {&slot->v_pool, &slot->view.v_pages}}) {
-        const size_t bytes = static_cast<size_t>(sv->numel() * sv->element_bytes());
-        *pool = PoolMemory(bytes);
-        std::memcpy(pool->data(), sv->data, bytes);
-        sv->data = pool->data();
-      }
-    }
   }
   return *slot;
 }
@@ -206,10 +191,14 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   state.counters["paged_read_GB/s"] = paged_gbps[chunk];
   state.counters["pct_paged_bound"] = 100.0 * plan.kv_unit_bytes() / (paged_gbps[chunk] * 1e9) / secs;
   state.counters["max_err"] = m.err.max_out_err;
-  if (data.k_pool.bytes() > 0) {
-    state.counters["pool_huge_pct"] = 100.0 * static_cast<double>(data.k_pool.huge_bytes() + data.v_pool.huge_bytes()) /
-                                      static_cast<double>(data.k_pool.bytes() + data.v_pool.bytes());
+  // The share of K and V on huge pages (the case's arrays of 2 MiB or more, kvouter/tensor.h).
+  double kv_bytes = 0, kv_huge = 0;
+  for (const StorageView* sv : {&data.view.k_pages, &data.view.v_pages}) {
+    const size_t bytes = static_cast<size_t>(sv->numel() * sv->element_bytes());
+    kv_bytes += static_cast<double>(bytes);
+    kv_huge += static_cast<double>(huge_bytes_of(sv->data, bytes));
   }
+  if (kv_bytes > 0) state.counters["huge_page_pct"] = 100.0 * kv_huge / kv_bytes;
   if (cfg.backend == "direct") direct_seconds()[shape] = secs;
   const auto it = direct_seconds().find(shape);
   if (it != direct_seconds().end()) state.counters["x_direct"] = it->second / secs;

@@ -64,11 +64,13 @@ PoolMemory& PoolMemory::operator=(PoolMemory&& o) noexcept {
 
 PoolMemory::~PoolMemory() { free_huge_array(data_, bytes_); }
 
-size_t PoolMemory::huge_bytes() const {
-  if (!data_) return 0;
+size_t PoolMemory::huge_bytes() const { return data_ ? huge_bytes_of(data_, huge_rounded(bytes_)) : 0; }
+
+size_t huge_bytes_of(const void* data, size_t bytes) {
+  if (!data || bytes == 0) return 0;
   std::ifstream smaps("/proc/self/smaps");
-  const auto start = reinterpret_cast<uintptr_t>(data_);
-  return huge_bytes_in(smaps, start, start + huge_rounded(bytes_));
+  const auto start = reinterpret_cast<uintptr_t>(data);
+  return huge_bytes_in(smaps, start, start + bytes);
 }
 
 size_t huge_bytes_in(std::istream& smaps, uintptr_t start, uintptr_t stop) {

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,6 +107,16 @@ TEST(PoolMemory, LargeTensorsLieOnHugePageBoundaries) {
   GTEST_SKIP() << "AddressSanitizer build: every array comes from operator new";
 #else
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.ptr()) % kvouter::kHugeArrayBytes, 0u);
+  // Its huge pages, as kvouter_bench counts them: within the array, none where THP is off.
+  const size_t bytes = static_cast<size_t>(big) * sizeof(float);
+  const size_t huge = kvouter::huge_bytes_of(t.ptr(), bytes);
+  EXPECT_LE(huge, bytes);
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  if (std::getline(thp, modes) && modes.find("[never]") != std::string::npos) {
+    EXPECT_EQ(huge, 0u);
+  }
+  EXPECT_EQ(kvouter::huge_bytes_of(nullptr, bytes), 0u);
   kvouter::Tensor<uint16_t> copy;
   copy.shape = {2 * big};
   copy.data.assign(static_cast<size_t>(2 * big), 7);  // a second large array, then both freed

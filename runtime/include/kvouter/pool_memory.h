@@ -42,4 +42,8 @@ class PoolMemory {
 // kernel merged beyond the range counts in proportion to the share the range covers.
 size_t huge_bytes_in(std::istream& smaps, uintptr_t start, uintptr_t stop);
 
+// The bytes of [data, data + bytes) backed by huge pages now, from this process's
+// /proc/self/smaps (0 where unknown): a pool's, or a Tensor's array (alloc_huge_array).
+size_t huge_bytes_of(const void* data, size_t bytes);
+
 }  // namespace kvouter
