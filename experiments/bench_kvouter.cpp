@@ -3,7 +3,8 @@
 // by default decode and gpu-decode), on the calling thread; plan_heads_at_once/<shape> is
 // plan_checked_tables with the KV heads on Halide's thread pool; plan_decode_layout/<shape> is
 // plan_checked_tables in the fixed decode layout, and plan_decode_layout_at_once its query ranges on
-// Halide's thread pool (as the device step plans a decode step).
+// Halide's thread pool (as the device step plans a decode step); plan_on_device/<shape> is the host's
+// part of a decode step whose tiles the device builds from its resident block tables.
 // Each (backend, shape) is checked against the float64 oracle, then timed, by the measurement core
 // (measure.h; a wrong result skips the row with an error). Names: fwd+combine/<backend>/<schedule>/<shape>.
 // Counters: GFLOP/s (kIsRate), % of the measured FP32 peak, ratio to the direct baseline measured
@@ -97,8 +98,10 @@ const Inputs& plan_inputs(const std::string& name) {
 // input validated, and with the block tables trusted (checked where they were written).
 // cold: before each plan (untimed), 64 MiB are written and read, as a step's staging copies and
 // the engine's own work evict the plan's inputs from the caches between two plans.
+// on_device: the host's part of a decode step whose tiles the device builds (Planner::plan_on_device,
+// the step runner's resident block tables).
 void run_plan(benchmark::State& state, std::string shape, bool checked_tables, bool parallel_heads, bool cold,
-              bool decode_layout) {
+              bool decode_layout, bool on_device) {
   const Inputs& in = plan_inputs(shape);
   PlanOptions opt;
   opt.parallel_heads = parallel_heads;
@@ -113,10 +116,13 @@ void run_plan(benchmark::State& state, std::string shape, bool checked_tables, b
       for (size_t i = 0; i < evict.size(); i += 8) sink += evict[i] += i;
       state.ResumeTiming();
     }
-    const Plan& plan = checked_tables ? planner.plan_checked_tables(in) : planner.plan(in);
+    const Plan& plan = on_device        ? planner.plan_on_device(in)
+                       : checked_tables ? planner.plan_checked_tables(in)
+                                        : planner.plan(in);
     benchmark::DoNotOptimize(plan.tiles.num_tiles);
   }
   benchmark::DoNotOptimize(sink);
+  if (on_device) planner.plan_checked_tables(in);  // the counters' edges and tiles
   const Plan& plan = planner.current();
   state.counters["edges"] = static_cast<double>(plan.edges);
   state.counters["tiles"] = static_cast<double>(plan.tiles.num_tiles);
@@ -170,6 +176,18 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
     return;
   }
   const double secs = m.median() / 1e3;
+  // What an engine pays per call: run_into's wall time, one kernel repetition, into outputs it
+  // keeps (the plan made before, as the engine's plan() is; the host backends' work is all here).
+  std::vector<double> call_ms;
+  if (cfg.backend != "direct" && cfg.backend != "dense") {
+    Outputs outs = outputs_for(plan.problem);
+    backend->set_kernel_timing({});
+    for (int i = 0; i < 7; ++i) {
+      const Stopwatch t;
+      backend->run_into(plan, data.view, outs);
+      call_ms.push_back(t.ms());
+    }
+  }
   for (auto _ : state) state.SetIterationTime(secs);
   state.counters["n"] = static_cast<double>(m.ms.size());
   state.counters["p10_ms"] = m.quantile(0.1);
@@ -191,6 +209,10 @@ void run_case(benchmark::State& state, BackendConfig cfg, std::string shape) {
   state.counters["paged_read_GB/s"] = paged_gbps[chunk];
   state.counters["pct_paged_bound"] = 100.0 * plan.kv_unit_bytes() / (paged_gbps[chunk] * 1e9) / secs;
   state.counters["max_err"] = m.err.max_out_err;
+  if (!call_ms.empty()) {
+    state.counters["call_ms"] = median(call_ms);
+    state.counters["call_over_kernels"] = median(call_ms) / m.median();
+  }
   // The share of K and V on huge pages (the case's arrays of 2 MiB or more, kvouter/tensor.h).
   double kv_bytes = 0, kv_huge = 0;
   for (const StorageView* sv : {&data.view.k_pages, &data.view.v_pages}) {
@@ -250,16 +272,17 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("read_gbps", std::to_string(roofline().read_gbps));
   const std::vector<std::string> plan_shapes = env_list("KVOUTER_BENCH_PLAN_SHAPES", {"decode", "gpu-decode"});
   for (const auto& shape : plan_shapes) {
-    for (int mode : {0, 1, 2, 3, 4, 5, 6}) {
+    for (int mode : {0, 1, 2, 3, 4, 5, 6, 7}) {
       const char* name = mode == 0   ? "plan/"
                          : mode == 1 ? "plan_checked_tables/"
                          : mode == 2 ? "plan_heads_at_once/"
                          : mode == 3 ? "plan_checked_tables_cold/"
                          : mode == 4 ? "plan_decode_layout/"
                          : mode == 5 ? "plan_decode_layout_cold/"
-                                     : "plan_decode_layout_at_once/";
+                         : mode == 6 ? "plan_decode_layout_at_once/"
+                                     : "plan_on_device/";
       benchmark::RegisterBenchmark((name + shape).c_str(), run_plan, shape, mode > 0, mode == 2 || mode == 6, mode == 3 || mode == 5,
-                                   mode >= 4)
+                                   mode >= 4, mode == 7)
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2)
           ->Repetitions(5)

@@ -122,7 +122,7 @@ class AotBackend final : public Backend {
     const Kernels k = aot_kernels(v);
     timing_.compile_ms = 0;
     try {
-      run_kernels(k, plan, in, out, &timing_, kernel_timing_);
+      run_kernels(k, plan, in, out, &timing_, kernel_timing_, &partials_);
     } catch (const BackendError& e) {
       throw BackendError(std::string(e.what()) + (error_source ? ": " + error_source() : std::string()));
     }
@@ -132,6 +132,7 @@ class AotBackend final : public Backend {
   std::string schedule_, target_;
   std::map<std::string, std::string> knobs_;
   std::string variant_;  // empty: the most specific variant that fits the plan
+  HostArray<float> partials_;  // host kernels' partials, reused across calls (run_kernels)
   std::string last_variant_ = "-";
 };
 

@@ -154,7 +154,7 @@ Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& 
 }
 
 void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& res,
-                 RunTiming* timing, const KernelTiming& kt) {
+                 RunTiming* timing, const KernelTiming& kt, HostArray<float>* scratch) {
   const Problem& p = plan.problem;
   const TileSet& ts = plan.tiles;
   check_outputs(res, p);
@@ -180,8 +180,19 @@ void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in,
   // edges keeps the combine's buffers non-empty (of the plan's T, which a combine may be
   // specialised to).
   const int64_t tiles = std::max<int64_t>(ts.num_tiles, 1), T = std::max<int64_t>(ts.T, 1);
-  Tensor<float> partials({tiles, T * p.qhead, C});
-  if (ts.num_tiles == 0) mark_empty_partials(partials.data.data(), T * p.qhead, C, p.D);
+  const std::vector<int64_t> part_shape{tiles, T * p.qhead, C};
+  const size_t part_floats = static_cast<size_t>(tiles * T * p.qhead * C);
+  HostArray<float> own;
+  HostArray<float>& store = scratch ? *scratch : own;
+  if (store.size() < part_floats) {
+    HostArray<float>().swap(store);  // (grown without copying the old contents)
+    store.resize(part_floats);
+  }
+  float* partials = store.data();
+  if (ts.num_tiles == 0) {
+    std::fill_n(partials, part_floats, 0.f);
+    mark_empty_partials(partials, T * p.qhead, C, p.D);
+  }
 
   auto pidx = wrap(ts.partial_index.data(), {p.Tq, p.Hkv, p.topk});
   auto out = wrap(res.out.ptr(), res.out.shape_vec());
@@ -198,11 +209,11 @@ void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in,
         auto pages = wrap(ts.tile_pages.data(), {ts.num_tiles, ts.ppb});
         auto query = wrap(ts.tile_query.data(), {ts.num_tiles, ts.T});
         auto limit = wrap(ts.tile_limit.data(), {ts.num_tiles, ts.T});
-        auto part = wrap(partials.ptr(), partials.shape);
+        auto part = wrap(partials, part_shape);
         check_rc(kernels.forward(q, k, v, head, pages, query, limit, p.scale, part), "forward", kernels);
       },
       [&] {
-        auto part = wrap(partials.ptr(), partials.shape);
+        auto part = wrap(partials, part_shape);
         check_rc(kernels.combine(part, pidx, out, lse), "combine", kernels);
       });
   rt.into(timing);

@@ -228,7 +228,7 @@ class JitBackend final : public Backend {
     const double waited = t0.ms();
     timing_.compile_ms = waited > 1.0 ? ck->compile_ms : 0.0;
     try {
-      run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_);
+      run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_, &partials_);
     } catch (const Halide::Error& e) {
       throw BackendError("jit: running " + ck->kernels.description() + " failed: " + e.what());
     }
@@ -238,6 +238,7 @@ class JitBackend final : public Backend {
   std::string schedule_, autoscheduler_;
   std::map<std::string, std::string> knobs_;
   std::string target_;
+  HostArray<float> partials_;  // host kernels' partials, reused across calls (run_kernels)
 };
 
 }  // namespace

@@ -3,11 +3,14 @@
 // field; a run allocates nothing the size of the KV pool.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "case_gen.h"
 #include "cli_util.h"
 #include "dense_eigen.h"
 #include "kvouter/backend.h"
 #include "kvouter/errors.h"
+#include "kvouter/tile_layout.h"
 #include "allocation_counter.h"
 #include "registry.h"
 
@@ -88,6 +91,50 @@ TEST(Views, EveryCpuBackendReadsAndWritesCallerMemory) {
     const Outputs flipped = b->run(plan, e.view);
     for (float& x : e.k) x = -x;
     EXPECT_NE(std::vector<float>(flipped.lse.data.begin(), flipped.lse.data.end()), lse);
+  }
+}
+
+// An engine's steps through one backend: the host kernels' partials are the backend's, grown to
+// the largest plan and reused, so that a later step allocates none; a smaller step after a larger
+// one, and a step with no tile at all after both, see nothing of the earlier steps' partials.
+TEST(Views, HalideBackendsReuseTheirPartialsAcrossSteps) {
+  experiments::register_all_backends();
+  experiments::CaseSpec big_spec = small_spec();
+  big_spec.qo = {9, 4, 6};
+  big_spec.kv = {90, 40, 120};
+  big_spec.topk = 5;
+  EngineArrays big = engine_case(big_spec), small = engine_case(small_spec()), none = engine_case(small_spec());
+  for (int32_t& id : none.selected) id = -1;  // every row empty: a plan of no tile
+  const Outputs ref_big = reference::dense_attention<double>(big.view, big.p);
+  const Outputs ref_small = reference::dense_attention<double>(small.view, small.p);
+  for (const auto& [backend, schedule] : std::vector<std::pair<std::string, std::string>>{
+           {"jit", "cpu_tiled"}, {"aot", "cpu_tiled"}, {"jit", "cpu_decode"}}) {
+    SCOPED_TRACE(backend + " " + schedule);
+    auto b = BackendRegistry::instance().make({backend, schedule, {}, ""});
+    Planner planner(b->plan_options());
+    auto run = [&](EngineArrays& e) {
+      Outputs got = outputs_for(e.p);
+      b->run_into(planner.plan(e.view), e.view, got);
+      return got;
+    };
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(round);
+      const Outputs got_big = run(big);
+      EXPECT_TRUE(experiments::compare_outputs(got_big, ref_big).ok());
+      const Plan& plan = planner.plan(big.view);
+      const size_t partial_bytes = static_cast<size_t>(plan.tiles.num_partials() * big.p.qhead *
+                                                       (big.p.D + layout::kPartialExtra)) * sizeof(float);
+      Outputs again = outputs_for(big.p);
+      testing_alloc::largest = 0;
+      b->run_into(plan, big.view, again);
+      EXPECT_LT(testing_alloc::largest.load(), partial_bytes) << "a step allocated its partials anew";
+      const Outputs got_small = run(small);
+      EXPECT_TRUE(experiments::compare_outputs(got_small, ref_small).ok());
+      const Outputs got_none = run(none);
+      EXPECT_EQ(planner.current().tiles.num_tiles, 0);
+      for (float x : got_none.out.data) ASSERT_EQ(x, 0.f);
+      for (float x : got_none.lse.data) ASSERT_TRUE(std::isinf(x) && x < 0) << x;
+    }
   }
 }
 

@@ -94,7 +94,9 @@ class Backend {
   virtual PlanOptions plan_options() const { return {}; }
   virtual Outputs run(const Plan& plan, const InputsView& in) = 0;
   // The same, written into caller memory (checked with check_outputs). The Halide backends write
-  // their results there directly; the others run() and copy.
+  // their results there directly; the others run() and copy. A backend serves one thread at a
+  // time: its timing is its own, and so are the host Halide kernels' partials, kept from call to
+  // call so that a step allocates nothing (kvouter/halide_kernels.h, run_kernels).
   virtual void run_into(const Plan& plan, const InputsView& in, const OutputsView& out);
   const RunTiming& last_timing() const { return timing_; }
   // Kernel repetitions and warm-up within each run; backends without separate kernels (direct,

@@ -69,8 +69,11 @@ void finish_lse(const TensorView<float>& lse);
 // `kt` asks; fills `timing`.
 Outputs run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, RunTiming* timing,
                     const KernelTiming& kt = {});
-// The same into caller memory (check_outputs first).
+// The same into caller memory (check_outputs first). Host kernels keep their partials in
+// `partials` where given: grown to the largest plan run and reused across calls (a backend's own,
+// so that an engine's step allocates and faults in nothing; kvouter_bench's call_ms), else in an
+// array of this call. (Every pipeline writes its whole partials buffer.)
 void run_kernels(const Kernels& kernels, const Plan& plan, const InputsView& in, const OutputsView& out,
-                 RunTiming* timing, const KernelTiming& kt = {});
+                 RunTiming* timing, const KernelTiming& kt = {}, HostArray<float>* partials = nullptr);
 
 }  // namespace kvouter::halide
