@@ -16,8 +16,10 @@ def main(path: str) -> int:
           f"{float(ctx.get('fp32_peak_gflops', 'nan')):.0f} GFLOP/s FP32, {float(ctx.get('read_gbps', 'nan')):.1f} GB/s.")
     print()
     # Runs with 16-bit shapes (KVOUTER_BENCH_DTYPES) add each row's ratio to float32; runs that
-    # measured the paged bound add it.
-    extra = [("x float32", "x_float32", ".2f"), ("% of paged bound", "pct_paged_bound", ".1f")]
+    # measured the paged bound add it, and runs that timed an engine's call (run_into's wall time
+    # per call) its ratio to the kernels.
+    extra = [("x float32", "x_float32", ".2f"), ("% of paged bound", "pct_paged_bound", ".1f"),
+             ("call / kernels", "call_over_kernels", ".2f")]
     extra = [e for e in extra if any(e[1] in b for b in doc["benchmarks"])]
     print("| shape | backend / schedule | median ms | fwd ms | combine ms | plan ms | GFLOP/s | % of peak | % of roofline bound | x direct |"
           + "".join(f" {e[0]} |" for e in extra))
