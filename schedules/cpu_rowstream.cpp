@@ -2,9 +2,9 @@
 // and chunk, then the tile's rows stream through it in blocks of `rows`: each row block computes
 // its scores, softmax weights and P.V back to back, so the score matrix of the whole tile is
 // never materialised (flash-attention's row streaming, inside a KV-outer tile).
-// Measured 2026-12-02 (experiments/results/cpu_bench.json, run 1b3dfd9; experiments/results/
-// README.md), 2-core AMD EPYC Zen 4: SPEC prefill JIT 254 ms = 1.65x direct, decode JIT 41.2 ms =
-// 1.37x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
+// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 9d58b98; experiments/results/
+// README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 251 ms = 1.38x direct, decode
+// JIT 44.3 ms = 1.04x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
 // reloaded per row block.
 #include "schedules.h"
 

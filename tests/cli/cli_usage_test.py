@@ -203,5 +203,16 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(r.returncode == 0 and any(n.endswith("_fwd.a") for n in os.listdir(exp)),
            f"export --tuned builds the database's winner: {r.stdout.strip()[-200:]} {r.stderr.strip()[-200:]}")
 
+# On a machine the tuning database does not know, the CPU default follows the case's shape class:
+# cpu_decode for a decode step (every sequence one query), cpu_tiled otherwise.
+data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+with tempfile.TemporaryDirectory() as tmp:
+    env = dict(os.environ, KVOUTER_TUNING_DB=os.path.join(tmp, "no_such_db.json"))
+    for case, sched in (("decode_steps", "cpu_decode"), ("gqa_varlen_causal", "cpu_tiled")):
+        r = subprocess.run([cli, "run", os.path.join(data, case), "--out", os.path.join(tmp, case), "--target", "host"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        expect(r.returncode == 0 and f"schedule={sched} " in r.stdout,
+               f"run's default on an untuned machine, {case}: {sched} ({r.stdout.strip()[:200]} {r.stderr.strip()[-200:]})")
+
 print(f"{checks[0] - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -98,6 +98,8 @@ def main():
         make("err_page_out_of_range", rng, [3], [16], 2, 1, 8, 8, 4, 2, False, kind="err_page"),
         make("err_used_too_long", rng, [3], [16], 2, 1, 8, 8, 4, 2, False, kind="err_used"),
         make("err_heads", rng, [3], [16], 4, 2, 8, 8, 4, 2, False, kind="err_qhead"),
+        # A decode step: every sequence one query (the CLI's default schedule for it: cpu_decode).
+        make("decode_steps", rng, [1, 1, 1, 1], [40, 17, 64, 33], 8, 2, 16, 8, 4, 3, True, pad=0.2, dup=0.3),
     ])
     json.dump(idx, open(os.path.join(HERE, "index.json"), "w"), indent=1)
 
