@@ -24,7 +24,7 @@ namespace kvouter::cli {
 // rounds. Exit 1 when, in the median over pairs of rounds of their own ratios, the slower is
 // more than --max-ratio times the faster, or when the two disagree beyond SPEC's tolerance.
 int cmd_compare(const std::vector<std::string>& a) {
-  std::string case_dir, shape, schedule = kx::default_cpu_schedule(), target = "host";
+  std::string case_dir, shape, schedule, target = "host";
   int repeat = 5;
   double warmup_ms = 0, max_ratio = 1.15;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -49,6 +49,9 @@ int cmd_compare(const std::vector<std::string>& a) {
   }
   if (case_dir.empty() == shape.empty()) throw UsageError("compare: expected CASE_DIR or --shape NAME (one of them)");
   const Inputs in = shape.empty() ? load_case(case_dir) : kx::make_case(kx::named_shape(shape));
+  // By default the schedule `kvouter run` takes on a machine without a tuned entry: on the CPU,
+  // the case's shape class's (cpu_decode for a decode step, cpu_tiled otherwise).
+  if (schedule.empty()) schedule = is_vulkan_target(target) ? kx::default_cpu_schedule() : kx::default_cpu_schedule(validate(in));
 
   const Prepared aot = prepare({"aot", schedule, {}, target}, in);
   const halide::AotVariant& v =
