@@ -141,15 +141,10 @@ void register_all_backends() {
 
 const char* default_backend() { return "jit"; }
 // The fastest correct CPU schedule measured on SPEC prefill: cpu_tiled, JIT 112.9 ms against
-// cpu_decode's 176 and cpu_rowstream's 251 (experiments/results/cpu_bench.json, 2026-12-07, run
-// 9d58b98, the Xeon host). On decode cpu_decode is faster (24.0 against 33.9 ms there): the
-// tuning database's entry for the decode shape class names it, and takes precedence.
+// cpu_decode's 176 and cpu_rowstream's 251; on decode cpu_decode, 24.0 against cpu_tiled's 33.9 ms
+// (experiments/results/cpu_bench.json, 2026-12-07, run 9d58b98, the Xeon host). Every CPU host of
+// the tuning database (the Xeon, Zen 3 and Zen 4 hosts) took the same two (default_schedule).
 const char* default_cpu_schedule() { return "cpu_tiled"; }
-// Every CPU host of the tuning database (experiments/results/tuning_db.json: the Xeon, Zen 3 and
-// Zen 4 hosts) took cpu_decode on SPEC decode and cpu_tiled on prefill; on the Xeon host's
-// committed run cpu_decode was 1.4x cpu_tiled on decode (24.0 against 33.9 ms, cpu_bench.json,
-// 2026-12-07).
-const char* default_cpu_schedule(const Problem& p) { return is_decode_step(p) ? "cpu_decode" : default_cpu_schedule(); }
 // The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the
 // SPIR-V stage on; per shape class the tuning database's entries take precedence):
 // - a GPU through Vulkan or CUDA: vulkan_slices. Measured on the NVIDIA H200 only, 2026-12-03, in
@@ -170,6 +165,10 @@ bool vulkan_gpu_present() {
 
 const char* default_gpu_schedule(const std::string& target) {
   return is_cuda_target(target) || vulkan_gpu_present() ? "vulkan_slices" : "vulkan_tiled";
+}
+const char* default_schedule(const std::string& target, const Problem& p) {
+  if (is_vulkan_target(target) || is_cuda_target(target)) return default_gpu_schedule(target);
+  return is_decode_step(p) ? "cpu_decode" : default_cpu_schedule();
 }
 std::string default_target() {
   // Vulkan only on a real GPU: measured on the H200, the Vulkan kernels beat this project's CPU

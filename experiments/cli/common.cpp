@@ -93,7 +93,7 @@ bool command_help(const std::string& cmd) {
                   "median over pairs of rounds (AOT first, then JIT first; N rounded up to whole pairs) of "
                   "their own ratios, the slower takes more than R times the faster (default "
                   "1.15), or when the outputs disagree. The default schedule is the one `kvouter run` takes "
-                  "without a tuned entry (on the CPU: cpu_decode for a decode step, cpu_tiled otherwise)\n"},
+                  "without a tuned entry (a GPU target's default; on the CPU cpu_decode for a decode step, cpu_tiled otherwise)\n"},
       {"roofline", "usage: kvouter roofline [--paged [KIB] [--ahead N]]\n  measure this machine's FP32 FMA peak and read "
                    "bandwidth; prints one JSON line. --paged: instead, the read rate of random KIB-sized chunks "
                    "(default 8, a SPEC decode K page of one head) from pools of 256 MiB, 1 GiB and 4 GiB in huge-page "

@@ -49,9 +49,8 @@ int cmd_compare(const std::vector<std::string>& a) {
   }
   if (case_dir.empty() == shape.empty()) throw UsageError("compare: expected CASE_DIR or --shape NAME (one of them)");
   const Inputs in = shape.empty() ? load_case(case_dir) : kx::make_case(kx::named_shape(shape));
-  // By default the schedule `kvouter run` takes on a machine without a tuned entry: on the CPU,
-  // the case's shape class's (cpu_decode for a decode step, cpu_tiled otherwise).
-  if (schedule.empty()) schedule = is_vulkan_target(target) ? kx::default_cpu_schedule() : kx::default_cpu_schedule(validate(in));
+  // By default the schedule `kvouter run` takes on a machine without a tuned entry.
+  if (schedule.empty()) schedule = kx::default_schedule(target, validate(in));
 
   const Prepared aot = prepare({"aot", schedule, {}, target}, in);
   const halide::AotVariant& v =

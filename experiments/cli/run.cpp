@@ -57,7 +57,8 @@ int cmd_run(const std::vector<std::string>& args) {
   Inputs in = load_case(ra.case_dir);
   if (ra.cfg.backend.empty()) {
     // The default: the tuned winner for this shape class on this machine, else the default backend,
-    // on a GPU when one is present (kx::default_target), with the shape class's schedule on the CPU.
+    // on a GPU when one is present (kx::default_target), with the shape class's schedule
+    // (kx::default_schedule).
     ra.cfg.backend = kx::default_backend();
     if (ra.cfg.target.empty() && ra.cfg.schedule.empty()) ra.cfg.target = kx::default_target();
     if (ra.cfg.schedule.empty() && ra.cfg.params.empty()) {
@@ -67,8 +68,8 @@ int cmd_run(const std::vector<std::string>& args) {
         ra.cfg.backend = "jit";
         ra.cfg.schedule = tuned->schedule;
         ra.cfg.params = tuned->knobs;
-      } else if (!is_vulkan_target(target) && !is_cuda_target(target)) {
-        ra.cfg.schedule = kx::default_cpu_schedule(problem);
+      } else {
+        ra.cfg.schedule = kx::default_schedule(target, problem);
       }
     }
   }

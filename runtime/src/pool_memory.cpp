@@ -17,23 +17,20 @@ namespace kvouter {
 
 namespace {
 
-// The mapping's size: whole huge pages (kHugeArrayBytes, kvouter/tensor.h).
-constexpr size_t kHuge = kHugeArrayBytes;
-
-size_t huge_rounded(size_t bytes) { return (bytes + kHuge - 1) / kHuge * kHuge; }
+size_t huge_rounded(size_t bytes) { return (bytes + kHugeArrayBytes - 1) / kHugeArrayBytes * kHugeArrayBytes; }
 
 }  // namespace
 
 void* alloc_huge_array(size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (bytes > SIZE_MAX - 2 * kHuge) throw std::bad_alloc();
+  if (bytes > SIZE_MAX - 2 * kHugeArrayBytes) throw std::bad_alloc();
   // Over-map by one huge page and trim, so that the array starts on a 2 MiB boundary.
   const size_t rounded = huge_rounded(bytes);
-  const size_t span = rounded + kHuge;
+  const size_t span = rounded + kHugeArrayBytes;
   void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   const auto base = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t aligned = (base + kHugeArrayBytes - 1) / kHugeArrayBytes * kHugeArrayBytes;
   if (aligned > base) ::munmap(p, aligned - base);
   const uintptr_t end = base + span, keep_end = aligned + rounded;
   if (end > keep_end) ::munmap(reinterpret_cast<void*>(keep_end), end - keep_end);
