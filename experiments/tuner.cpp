@@ -134,6 +134,23 @@ std::vector<Candidate> tuning_space(const ShapeClass& shape, const std::string& 
 }
 
 
+Candidate untuned_default(const Inputs& in, const ShapeClass& shape, const std::string& target) {
+  const std::string schedule = default_schedule(target, validate(in));
+  const pipeline::Knobs def = pipeline::resolve_knobs({}, Halide::Target(halide::resolve_target(target)));
+  Candidate c{schedule, {{"T", std::to_string(knob_defaults::T)},
+                         {"chunk", std::to_string(std::min<int64_t>(def.chunk, shape.block_size))},
+                         {"rows", std::to_string(def.rows)},
+                         {"unroll", std::to_string(def.unroll)}}};
+  const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
+  if (info && info->takes_ahead()) c.knobs["ahead"] = std::to_string(knob_defaults::ahead);
+  if (info) {
+    for (const auto& [k, v] : info->default_params) {
+      if (c.knobs.count(k)) c.knobs[k] = v;
+    }
+  }
+  return c;
+}
+
 int run_tune(const TuneOptions& opt) {
   register_all_backends();
   if (is_vulkan_target(opt.target)) require_vulkan_device();  // one clear error, not one per candidate
@@ -150,13 +167,7 @@ int run_tune(const TuneOptions& opt) {
     // what the default already runs; its chunk as the generator takes it, at most the block),
     // every autoscheduled twin, and an even spread over the manual schedules' knob space. On a
     // GPU the default is the tuning database's: no point of its own here.
-    std::string def_key;
-    if (!is_vulkan_target(opt.target)) {
-      const pipeline::Knobs def = pipeline::resolve_knobs({}, Halide::Target(target));
-      def_key = Candidate{default_cpu_schedule(), {{"T", std::to_string(knob_defaults::T)},
-                                                   {"chunk", std::to_string(std::min<int64_t>(def.chunk, shape.block_size))},
-                                                   {"rows", std::to_string(def.rows)}, {"unroll", std::to_string(def.unroll)}}}.key();
-    }
+    const std::string def_key = is_vulkan_target(opt.target) ? "" : untuned_default(in, shape, opt.target).key();
     std::vector<Candidate> manual, picked;
     for (const auto& c : space) {
       if (c.key() == def_key) picked.insert(picked.begin(), c);

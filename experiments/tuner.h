@@ -40,6 +40,13 @@ constexpr uint64_t kMinSharedBytes = 32 * 1024;  // the smallest seen (lavapipe)
 bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target,
           uint64_t max_shared_bytes = kMinSharedBytes);
 
+// The point of the search space that the untuned default runs on a CPU target (what `kvouter
+// run` takes for this case without the tuning database): default_schedule()'s schedule for the
+// case (cpu_decode for a decode step, else cpu_tiled), with the knobs the JIT then resolves: the
+// registry entry's defaults over the target's, the chunk at most the block. A sampled tune always
+// measures it, so that a sampled winner is never slower than the default it replaces.
+Candidate untuned_default(const Inputs& in, const ShapeClass& shape, const std::string& target);
+
 struct TuneOptions {
   std::string shape = "tiny";
   std::string target = "host";

@@ -106,7 +106,8 @@ bool command_help(const std::string& cmd) {
       {"export", "usage: kvouter export --out DIR [--schedule S] [--param K=V]... [--target T] [--from-case DIR]\n"
                  "                      [--name N] [--tuned] [--dtype float32|float16|bfloat16]\n  AOT-generate one configuration (generic, or "
                  "specialised to a case's shape, in the case's storage dtype or --dtype's; --tuned takes the tuning "
-                 "database's winner for that case)\n"},
+                 "database's winner for that case; without --schedule, the schedule kvouter run takes untuned: for a case "
+                 "its shape class's, cpu_decode for a decode step)\n"},
       {"sweep", "usage: kvouter sweep CONFIG.yaml [--shard K/N] [--out FILE] [--point ID] [--results DIR]\n"
                 "  run a grid of shapes x runs, checked and timed, one JSONL record per point\n"},
       {"sweep-merge", "usage: kvouter sweep-merge OUT.jsonl IN.jsonl...\n  join sweep shards\n"},

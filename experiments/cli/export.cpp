@@ -24,7 +24,7 @@ namespace kvouter::cli {
 // AOT-generates one configuration (e.g. a tuned one) for a target: a static library, its header,
 // the .stmt and the schedule, through the same registered Generators the build uses.
 int cmd_export(const std::vector<std::string>& a) {
-  std::string schedule = kx::default_cpu_schedule(), target = "host", out, name, from_case;
+  std::string schedule, target = "host", out, name, from_case;
   bool tuned = false;
   std::optional<Dtype> dtype;
   std::map<std::string, std::string> params;
@@ -49,6 +49,13 @@ int cmd_export(const std::vector<std::string>& a) {
     if (!choice) throw BackendError("export --tuned: the tuning database " + tuning_db_path() + " has no entry for this case's shape class on this machine");
     schedule = choice->schedule;
     params = choice->knobs;
+  }
+  // Without --schedule, what `kvouter run` would take untuned: the case's shape class's default,
+  // or for a generic variant the target's (cpu_tiled on the CPU, the GPU default on a GPU target).
+  if (schedule.empty()) {
+    schedule = !from_case.empty() ? kx::default_schedule(target, validate(load_case(from_case)))
+               : is_vulkan_target(target) || is_cuda_target(target) ? kx::default_gpu_schedule(target)
+                                                                             : kx::default_cpu_schedule();
   }
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
   if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");

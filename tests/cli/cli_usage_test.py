@@ -213,6 +213,13 @@ with tempfile.TemporaryDirectory() as tmp:
                            capture_output=True, text=True, env=env, timeout=300)
         expect(r.returncode == 0 and f"schedule={sched} " in r.stdout,
                f"run's default on an untuned machine, {case}: {sched} ({r.stdout.strip()[:200]} {r.stderr.strip()[-200:]})")
+        # export without --schedule builds the same schedule for the case's shape.
+        out = os.path.join(tmp, case + "_export")
+        r = subprocess.run([cli, "export", "--out", out, "--from-case", os.path.join(data, case)],
+                           capture_output=True, text=True, timeout=300)
+        names = os.listdir(out) if os.path.isdir(out) else []
+        expect(r.returncode == 0 and any(n.startswith(f"kvouter_{sched}_") and n.endswith("_fwd.a") for n in names),
+               f"export's default for {case}: {sched} ({names} {r.stderr.strip()[-200:]})")
 
 print(f"{checks[0] - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

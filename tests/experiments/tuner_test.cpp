@@ -167,6 +167,34 @@ TEST(Tuner, VulkanTargetsTuneTheVulkanSchedules) {
   EXPECT_TRUE(keys.count("vulkan_onepass,T=0,chunk=0,rows=8,unroll=4,vec=1")) << "key format";
 }
 
+TEST(Tuner, UntunedDefaultIsTheShapeClassDefaultAndInTheSpace) {
+  // The point a sampled tune always measures is what `kvouter run` runs without the database:
+  // cpu_decode with its registry defaults for a decode step, cpu_tiled for anything else.
+  const std::string host = halide::resolve_target("host");
+  const pipeline::Knobs def = pipeline::resolve_knobs({}, Halide::Target(host));
+  CaseSpec step;
+  step.qo = {1, 1, 1};
+  step.kv = {40, 17, 64};
+  step.Hq = 8;
+  step.block_size = 16;
+  const Inputs decode = make_case(step);
+  const ShapeClass dc = ShapeClass::of(decode);
+  ASSERT_TRUE(dc.decode);
+  const Candidate d = untuned_default(decode, dc, "host");
+  EXPECT_EQ(d.key(), "cpu_decode,T=0,ahead=1,chunk=16,rows=4,unroll=2");
+  const Inputs prefill = make_case(named_shape("tiny"));
+  const ShapeClass pc = ShapeClass::of(prefill);
+  const Candidate p = untuned_default(prefill, pc, "host");
+  EXPECT_EQ(p.key(), Candidate({"cpu_tiled", {{"T", "0"}, {"chunk", "32"}, {"rows", std::to_string(def.rows)},
+                                               {"unroll", std::to_string(def.unroll)}}})
+                         .key());
+  for (const auto& [c, shape] : {std::pair{d, dc}, std::pair{p, pc}}) {
+    bool found = false;
+    for (const auto& cand : tuning_space(shape, "host")) found = found || cand.key() == c.key();
+    EXPECT_TRUE(found) << c.key() << " is not in the tuning space";
+  }
+}
+
 TEST(Tuner, ShortRunWritesLogAndDatabaseAndResumes) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvouter_tune_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
