@@ -125,7 +125,7 @@ void register_all_backends_once() {
          },
          [](const BackendConfig& cfg) {
            BackendConfig c = cfg;
-           if (c.schedule.empty()) c.schedule = is_vulkan_target(c.target) || is_cuda_target(c.target) ? default_gpu_schedule(c.target) : default_cpu_schedule();
+           if (c.schedule.empty()) c.schedule = default_schedule(c.target);
            return halide::make_aot_backend(c);  // checks the device
          }});
 }
@@ -165,6 +165,9 @@ bool vulkan_gpu_present() {
 
 const char* default_gpu_schedule(const std::string& target) {
   return is_cuda_target(target) || vulkan_gpu_present() ? "vulkan_slices" : "vulkan_tiled";
+}
+const char* default_schedule(const std::string& target) {
+  return is_vulkan_target(target) || is_cuda_target(target) ? default_gpu_schedule(target) : default_cpu_schedule();
 }
 const char* default_schedule(const std::string& target, const Problem& p) {
   if (is_vulkan_target(target) || is_cuda_target(target)) return default_gpu_schedule(target);

@@ -18,6 +18,9 @@ const char* default_gpu_schedule(const std::string& target);
 // on this machine: a GPU target's default_gpu_schedule; on the CPU cpu_decode for a decode step
 // (every sequence one query), else default_cpu_schedule().
 const char* default_schedule(const std::string& target, const Problem& p);
+// The same without a step (a generic variant): a GPU target's default_gpu_schedule, else
+// default_cpu_schedule().
+const char* default_schedule(const std::string& target);
 // "host-vulkan" where a Vulkan GPU (not a CPU device such as lavapipe) is present, else "host".
 std::string default_target();
 

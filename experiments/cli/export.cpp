@@ -53,9 +53,8 @@ int cmd_export(const std::vector<std::string>& a) {
   // Without --schedule, what `kvouter run` would take untuned: the case's shape class's default,
   // or for a generic variant the target's (cpu_tiled on the CPU, the GPU default on a GPU target).
   if (schedule.empty()) {
-    schedule = !from_case.empty() ? kx::default_schedule(target, validate(load_case(from_case)))
-               : is_vulkan_target(target) || is_cuda_target(target) ? kx::default_gpu_schedule(target)
-                                                                             : kx::default_cpu_schedule();
+    schedule = from_case.empty() ? kx::default_schedule(target)
+                                 : kx::default_schedule(target, validate(load_case(from_case)));
   }
   const pipeline::ScheduleInfo* info = pipeline::find_schedule(schedule);
   if (!info) throw BackendError("--schedule: unknown schedule '" + schedule + "'");
