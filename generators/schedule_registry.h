@@ -19,6 +19,7 @@ struct TuneShape {
   int64_t D = 0, block_size = 0, page_size = 0, qhead = 0;
   bool decode = false;            // about one query per work unit
   int64_t max_shared_bytes = 0;   // per workgroup, of the device tuned on (GPU schedules)
+  int64_t vector_registers = 32;  // of the CPU target tuned for: 32 with AVX-512, else 16
 };
 
 // A candidate's knobs by name (T, chunk, rows, unroll, and vec when set), as integers.

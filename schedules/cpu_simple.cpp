@@ -54,14 +54,18 @@ void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
 }
 
 const ScheduleInfo::Axes& cpu_axes() {
-  static const ScheduleInfo::Axes axes{{"16", "32", "64", "128", "256"}, {"2", "4", "8"}, {"2", "4"}};
+  static const ScheduleInfo::Axes axes{{"16", "32", "64", "128", "256"}, {"2", "4", "6", "8"}, {"2", "4"}};
   return axes;
 }
 
 bool cpu_keep(const KnobValues& k, const TuneShape& shape) {
   // A chunk past the block is the block; tiny chunks only add merge steps. Register budget of the
-  // tiled products: rows x unroll accumulators (+ loads) in 32 vector registers.
-  return k.at("chunk") <= shape.block_size && k.at("chunk") >= 16 && k.at("rows") * k.at("unroll") <= 16;
+  // tiled products: rows x unroll accumulators in three quarters of the target's vector
+  // registers, the rest for the loads (24 of 32 with AVX-512: 6 x 4 is the fastest prefill tile
+  // there, experiments/results/cpu/2026-12-07/register_tiles_xeon.md; 12 of 16 with AVX2, whose
+  // tuning runs found 8 accumulators fastest, experiments/results/cpu/2026-12-06/tune_*_zen3.jsonl).
+  return k.at("chunk") <= shape.block_size && k.at("chunk") >= 16 &&
+         k.at("rows") * k.at("unroll") <= shape.vector_registers * 3 / 4;
 }
 
 namespace {

@@ -35,9 +35,15 @@ TEST(Tuner, KeepFiltersTheSpace) {
   auto c = [](std::string sched, std::string T, std::string chunk, std::string rows, std::string unroll) {
     return Candidate{sched, {{"T", T}, {"chunk", chunk}, {"rows", rows}, {"unroll", unroll}}};
   };
-  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "4", "4"), s, "host"));
-  EXPECT_FALSE(keep(c("cpu_tiled", "16", "128", "4", "4"), s, "host"));  // chunk past the block
-  EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "8", "4"), s, "host"));   // 32 accumulators
+  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "2", "4"), s, "host"));
+  EXPECT_FALSE(keep(c("cpu_tiled", "16", "128", "2", "4"), s, "host"));  // chunk past the block
+  // Accumulators: at most three quarters of the target's vector registers (32 with AVX-512,
+  // 16 with AVX2).
+  const std::string avx512 = "x86-64-linux-avx-avx2-avx512-f16c-fma-sse41", avx2 = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "6", "4"), s, avx512));   // 24 of 32
+  EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "8", "4"), s, avx512));  // 32 of 32
+  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "6", "2"), s, avx2));     // 12 of 16
+  EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "4", "4"), s, avx2));    // 16 of 16
   EXPECT_FALSE(keep(c("cpu_simple", "16", "64", "2", "4"), s, "host"));  // knob it ignores
   EXPECT_FALSE(keep(c("cpu_tiled", "2", "64", "4", "4"), s, "host"));    // tiny tiles on prefill
   EXPECT_TRUE(keep(Candidate{"auto_li2018", {}}, s, "host"));
@@ -48,7 +54,7 @@ TEST(Tuner, KeepFiltersTheSpace) {
     EXPECT_TRUE(keep(cand, s, "host"));
   }
   EXPECT_TRUE(keys.count("auto_adams2019"));
-  EXPECT_TRUE(keys.count("cpu_tiled,T=16,chunk=64,rows=4,unroll=4"));
+  EXPECT_TRUE(keys.count("cpu_tiled,T=16,chunk=64,rows=2,unroll=4"));
   EXPECT_GT(space.size(), 20u);
 }
 
