@@ -24,12 +24,15 @@
 // within its noise. Knobs: chunk, grain, vec (the P . V vector), rows x unroll (the positions of
 // an S register tile, and the P . V tile as in cpu_tiled), ahead. The defaults (ahead 1, rows 4 x
 // unroll 2; the AOT lines' too) are the tuning database's decode winner on the Zen 4 host; on the
-// Xeon host the database's entry (experiments/results/cpu/2026-12-06/tune_decode_xeon_huge_pages.jsonl,
-// 25.3 ms there) is T 1 and rows 4 x unroll 4, 1-4 % faster than these defaults in alternating runs
+// Xeon host the database's entry (experiments/results/cpu/2026-12-07/tune_decode_xeon.jsonl,
+// 22.1 ms there) is T 1 and rows 4 x unroll 4, 1-4 % faster than these defaults in alternating runs
 // (experiments/results/cpu/2026-12-06/cli_huge_pages_xeon.md).
 // Measured, SPEC decode, forward + combine (where the time goes:
 // experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
-//   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-06, kvouter_bench
+//   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-07, kvouter_bench
+//     (experiments/results/cpu_bench.json, run 6f563d5): JIT 22.4 ms, AOT 22.8 ms, 46-47 % of the
+//     roofline bound at 25.5 GB/s, 2.0x direct;
+//   - the same host kind, 2026-12-06, kvouter_bench
 //     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT rows 8 x unroll 2
 //     20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x
 //     direct; float16 1.39-1.41x and bfloat16 1.37x faster than float32;
