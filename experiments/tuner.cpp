@@ -92,9 +92,9 @@ bool keep(const Candidate& c, const ShapeClass& shape, const std::string& target
   for (const auto& [name, value] : c.knobs) k[name] = std::stol(value);
   // Decode-like shapes have about one query per work unit: large tiles are padding.
   if (shape.decode ? k.at("T") > 2 : (k.at("T") != 0 && k.at("T") < 8)) return false;
-  const bool avx512 = !gpu && Halide::Target(halide::resolve_target(target)).has_feature(Halide::Target::AVX512);
+  const int registers = gpu ? 0 : pipeline::vector_registers(Halide::Target(halide::resolve_target(target)));
   const pipeline::TuneShape ts{shape.D, shape.block_size, shape.page_size, shape.qhead, shape.decode,
-                               static_cast<int64_t>(max_shared_bytes), avx512 ? 32 : 16};
+                               static_cast<int64_t>(max_shared_bytes), registers};
   // The block as one chunk where the schedule takes it so; shared memory within the device's.
   if (info->one_chunk && k.at("chunk") != pipeline::kWholeBlock) return false;
   if (info->shared_bytes && info->shared_bytes(k, ts) > ts.max_shared_bytes) return false;

@@ -17,6 +17,10 @@ auto order_key(const ScheduleInfo& s) { return std::make_tuple(!s.autoscheduler.
 
 }  // namespace
 
+int vector_registers(const Halide::Target& target) {
+  return target.arch == Halide::Target::X86 && !target.has_feature(Halide::Target::AVX512) ? 16 : 32;
+}
+
 Knobs resolve_knobs(Knobs k, const Halide::Target& target) {
   if (target.has_gpu_feature()) {
     if (k.vec == 0) k.vec = 16;
@@ -24,8 +28,7 @@ Knobs resolve_knobs(Knobs k, const Halide::Target& target) {
     if (k.unroll == 0) k.unroll = 4;
     return k;
   }
-  const bool avx512 = target.has_feature(Halide::Target::AVX512);
-  const int registers = target.arch == Halide::Target::X86 && !avx512 ? 16 : 32;
+  const int registers = vector_registers(target);
   if (k.vec == 0) k.vec = target.natural_vector_size(Halide::Float(32));
   if (k.rows == 0) k.rows = 4;
   if (k.unroll == 0) k.unroll = std::max(1, registers / 2 / k.rows);

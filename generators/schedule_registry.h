@@ -19,7 +19,7 @@ struct TuneShape {
   int64_t D = 0, block_size = 0, page_size = 0, qhead = 0;
   bool decode = false;            // about one query per work unit
   int64_t max_shared_bytes = 0;   // per workgroup, of the device tuned on (GPU schedules)
-  int64_t vector_registers = 32;  // of the CPU target tuned for: 32 with AVX-512, else 16
+  int64_t vector_registers = 16;  // of the CPU target tuned for (vector_registers(target))
 };
 
 // A candidate's knobs by name (T, chunk, rows, unroll, and vec when set), as integers.
@@ -70,6 +70,9 @@ inline constexpr int kWholeBlock = 0;
 // 218-282 against 341-346 ms (experiments/results/cpu/2026-12-02/avx2_knobs.md). On a GPU target
 // the schedules' own sizes: 16 (vulkan_onepass's automatic width), 4 and 4.
 Knobs resolve_knobs(Knobs k, const Halide::Target& target);
+// A CPU target's vector registers: 32 with AVX-512 and on ARM, 16 on other x86 (resolve_knobs's
+// register tile and the CPU schedules' keep rule, TuneShape::vector_registers).
+int vector_registers(const Halide::Target& target);
 
 // Every registered schedule: manual schedules before autoscheduled twins, CPU before GPU, then by
 // name (registration order across files is not defined, this order is).

@@ -2,9 +2,9 @@
 // and chunk, then the tile's rows stream through it in blocks of `rows`: each row block computes
 // its scores, softmax weights and P.V back to back, so the score matrix of the whole tile is
 // never materialised (flash-attention's row streaming, inside a KV-outer tile).
-// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 9d58b98; experiments/results/
-// README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 251 ms = 1.38x direct, decode
-// JIT 44.3 ms = 1.04x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
+// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5; experiments/results/
+// README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 237 ms = 1.40x direct, decode
+// JIT 41.1 ms = 1.10x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
 // reloaded per row block.
 #include "schedules.h"
 
@@ -39,8 +39,11 @@ namespace {
     {"cpu_rowstream", "cpu", cpu_rowstream_forward, cpu_simple_combine, "",
      "per tile: K/V chunk staged once, rows streamed in register blocks (scores never stored)", false, {},
      cpu_axes(), nullptr,
-     // unroll is not read: pinned
-     [](const KnobValues& k, const TuneShape& s) { return cpu_keep(k, s) && k.at("unroll") == 4; }});
+     // unroll is not read: pinned. Its row blocks are unrolled: at most a quarter of the vector
+     // registers in rows (4 with AVX2, 8 with AVX-512).
+     [](const KnobValues& k, const TuneShape& s) {
+       return cpu_chunk_keep(k, s) && k.at("unroll") == 4 && k.at("rows") <= s.vector_registers / 4;
+     }});
 
 }  // namespace
 

@@ -1,8 +1,8 @@
 // cpu_simple: the plain schedule. Parallel over tiles; inside a tile, the online state runs over
 // the chunks and each per-chunk stage is vectorised over its innermost dimension (positions for
-// scores, D for P.V). Measured 2026-12-07 (experiments/results/cpu_bench.json, run 9d58b98;
-// experiments/results/README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 743 ms =
-// 0.47x direct, decode JIT 72 ms = 0.64x direct. The baseline the other schedules improve on: nothing is
+// scores, D for P.V). Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5;
+// experiments/results/README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 709 ms =
+// 0.47x direct, decode JIT 69 ms = 0.66x direct. The baseline the other schedules improve on: nothing is
 // register-blocked and K is read with positions strided.
 #include "schedules.h"
 
@@ -41,8 +41,8 @@ void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   // One pass over a query's partials: per query, its statistics (max m, sum w*l) and then its
   // weighted o rows, while the rows' lines are in cache; lse in the same loop (compute_with).
-  // Measured 2026-12-07 (experiments/results/cpu_bench.json, run 9d58b98), the Xeon host, cpu_tiled
-  // JIT: SPEC prefill's combine 17.8 ms, decode's 1.2 ms. (One pass against the three root passes
+  // Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5), the Xeon host, cpu_tiled
+  // JIT: SPEC prefill's combine 16.8 ms, decode's 1.2 ms. (One pass against the three root passes
   // before it, Zen 4, 2026-12-02: 25.8 against 34.9 ms and 1.2 against 4.8 ms,
   // experiments/results/cpu/2026-12-02/combine.md.)
   f.out.compute_root().parallel(f.t).vectorize(f.d, k.vec, guard);
@@ -58,14 +58,18 @@ const ScheduleInfo::Axes& cpu_axes() {
   return axes;
 }
 
+bool cpu_chunk_keep(const KnobValues& k, const TuneShape& shape) {
+  // A chunk past the block is the block; tiny chunks only add merge steps.
+  return k.at("chunk") <= shape.block_size && k.at("chunk") >= 16;
+}
+
 bool cpu_keep(const KnobValues& k, const TuneShape& shape) {
-  // A chunk past the block is the block; tiny chunks only add merge steps. Register budget of the
-  // tiled products: rows x unroll accumulators in three quarters of the target's vector
-  // registers, the rest for the loads (24 of 32 with AVX-512: 6 x 4 is the fastest prefill tile
-  // there, experiments/results/cpu/2026-12-07/register_tiles_xeon.md; 12 of 16 with AVX2, whose
-  // tuning runs found 8 accumulators fastest, experiments/results/cpu/2026-12-06/tune_*_zen3.jsonl).
-  return k.at("chunk") <= shape.block_size && k.at("chunk") >= 16 &&
-         k.at("rows") * k.at("unroll") <= shape.vector_registers * 3 / 4;
+  // Register budget of the tiled products: rows x unroll accumulators in three quarters of the
+  // target's vector registers, the rest for the loads (24 of 32 with AVX-512: 6 x 4 is the fastest
+  // prefill tile there, experiments/results/cpu/2026-12-07/register_tiles_xeon.md; 12 of 16 with
+  // AVX2, whose tuning runs found 8 accumulators fastest, experiments/results/cpu/2026-12-06/
+  // tune_*_zen3.jsonl).
+  return cpu_chunk_keep(k, shape) && k.at("rows") * k.at("unroll") <= shape.vector_registers * 3 / 4;
 }
 
 namespace {
@@ -74,7 +78,7 @@ namespace {
     {"cpu_simple", "cpu", cpu_simple_forward, cpu_simple_combine, "",
      "plain: vectorised over the innermost dimension, parallel over tiles", false, {}, cpu_axes(), nullptr,
      // rows and unroll are not read: pinned, so that no two candidates are the same program
-     [](const KnobValues& k, const TuneShape& s) { return cpu_keep(k, s) && k.at("rows") == 4 && k.at("unroll") == 4; }});
+     [](const KnobValues& k, const TuneShape& s) { return cpu_chunk_keep(k, s) && k.at("rows") == 4 && k.at("unroll") == 4; }});
 
 }  // namespace
 

@@ -35,6 +35,7 @@ void register_tiled_product(Halide::Func product, Halide::Var col, Halide::Var r
 // The CPU schedules' tuning axes and the rule they share (cpu_simple.cpp).
 const ScheduleInfo::Axes& cpu_axes();
 bool cpu_keep(const KnobValues& k, const TuneShape& shape);
+bool cpu_chunk_keep(const KnobValues& k, const TuneShape& shape);  // cpu_keep's chunk rule alone
 // The GEMM-stage schedules' (vulkan_tiled, vulkan_rows) axes and rule (vulkan_tiled.cpp).
 const ScheduleInfo::Axes& vulkan_gemm_axes();
 bool vulkan_gemm_keep(const KnobValues& k, const TuneShape& shape);

@@ -44,6 +44,13 @@ TEST(Tuner, KeepFiltersTheSpace) {
   EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "8", "4"), s, avx512));  // 32 of 32
   EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "6", "2"), s, avx2));     // 12 of 16
   EXPECT_FALSE(keep(c("cpu_tiled", "16", "64", "4", "4"), s, avx2));    // 16 of 16
+  EXPECT_TRUE(keep(c("cpu_tiled", "16", "64", "4", "4"), s, "arm-64-linux"));  // 16 of NEON's 32
+  // Schedules that pin the knobs they do not read keep their pinned point on every target, and
+  // cpu_rowstream's unrolled row blocks take at most a quarter of the registers.
+  EXPECT_TRUE(keep(c("cpu_simple", "16", "64", "4", "4"), s, avx2));
+  EXPECT_TRUE(keep(c("cpu_rowstream", "16", "64", "4", "4"), s, avx2));
+  EXPECT_FALSE(keep(c("cpu_rowstream", "16", "64", "6", "4"), s, avx2));
+  EXPECT_TRUE(keep(c("cpu_rowstream", "16", "64", "8", "4"), s, avx512));
   EXPECT_FALSE(keep(c("cpu_simple", "16", "64", "2", "4"), s, "host"));  // knob it ignores
   EXPECT_FALSE(keep(c("cpu_tiled", "2", "64", "4", "4"), s, "host"));    // tiny tiles on prefill
   EXPECT_TRUE(keep(Candidate{"auto_li2018", {}}, s, "host"));

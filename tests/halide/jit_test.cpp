@@ -208,6 +208,10 @@ TEST(Jit, AutomaticKnobsAreSizedToTheTarget) {
   EXPECT_EQ(sized("x86-64-linux-avx-avx2-avx512-avx512_skylake-fma-f16c-sse41"), "16/4/4");  // 32 zmm
   EXPECT_EQ(sized("arm-64-linux"), "4/4/4");                                            // 32 NEON
   EXPECT_EQ(sized("x86-64-linux-vulkan-vk_int64-vk_v13"), "16/4/4");
+  // The count the tuner's keep rule budgets with (TuneShape::vector_registers) is the same one.
+  EXPECT_EQ(pipeline::vector_registers(Halide::Target("x86-64-linux-avx-avx2-fma-f16c-sse41")), 16);
+  EXPECT_EQ(pipeline::vector_registers(Halide::Target("x86-64-linux-avx-avx2-avx512-avx512_skylake-fma-f16c-sse41")), 32);
+  EXPECT_EQ(pipeline::vector_registers(Halide::Target("arm-64-linux")), 32);
   pipeline::Knobs set;
   set.vec = 4;
   set.rows = 3;
