@@ -244,6 +244,25 @@ TEST(Aot, VariantTargetsCarryTheStorageFeatures) {
   EXPECT_GT(checked, 4);  // the 16-bit Vulkan variants
 }
 
+// The SPEC prefill variant of cpu_tiled takes the 6 x 4 register tile exactly where the CPU it was
+// generated for has 32 vector registers (generators/CMakeLists.txt decides from the build machine's
+// flags or the named target; vector_registers is the schedules' own count).
+TEST(Aot, PrefillTileFollowsTheTargetsRegisters) {
+  int checked = 0;
+  for (const auto& v : halide::aot_variants()) {
+    const halide::Specialization& s = v.spec;
+    if (v.schedule != "cpu_tiled" || s.dtype != Dtype::kFloat32 || s.D != 128 || s.page_size != 16 ||
+        s.block_size != 64 || s.qhead != 8 || s.T != 16) {
+      continue;
+    }
+    const bool wide = pipeline::vector_registers(Halide::Target(v.halide_target)) == 32;
+    EXPECT_EQ(v.knobs.find("rows=6") != std::string::npos && v.knobs.find("unroll=4") != std::string::npos, wide)
+        << v.name << " generated for " << v.halide_target << " with knobs '" << v.knobs << "'";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1);
+}
+
 TEST(Aot, SpecialisedVariantChosenWhereItMatches) {
   auto backend = make("aot", "cpu_tiled");
   Inputs in = experiments::make_case(experiments::named_shape("tiny"));
