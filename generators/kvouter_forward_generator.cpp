@@ -179,25 +179,33 @@ class KvouterForward : public Generator<KvouterForward> {
     f.cpv(d, row, c, tile) += f.pexp(f.rp.x, row, c, tile) * f.vf(d, f.rp.x, c, tile);
     f.csum(row, c, tile) = 0.f;
     f.csum(row, c, tile) += f.pexp(f.rp.x, row, c, tile);
-    // Online softmax across the chunks of the block. m and l are carried per d (each point's
-    // update then reads only itself: race-free, vectorisable); the output reads them from d - 1.
-    f.st(d, row, tile) = Tuple(0.f, kMasked, 0.f);
-    Expr cm = f.cmax(row, f.rc.x, tile);
-    if (f.static_NC == 1) {
-      // The block is one chunk: the merge with the initial state (0, kMasked, 0) is the identity
-      // (alpha = 0 and beta = 1 where a position is attended; 0 * 1 + 0 * 1 where none is), so the
-      // chunk's own (o, m, l) are stored as they are, without the merge's two exps per channel.
-      f.st(d, row, tile) = Tuple(f.cpv(d, row, f.rc.x, tile), cm, f.csum(row, f.rc.x, tile));
-    } else {
-      Expr m_old = f.st(d, row, tile)[1];
-      Expr m_new = max(m_old, cm);
-      Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
-      f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
-                                 f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
-    }
     Expr dd = min(ch, D - 1);
-    partials(ch, row, tile) = select(ch < D, f.st(dd, row, tile)[0], ch == D, f.st(dd, row, tile)[1],
-                                     f.st(dd, row, tile)[2]);
+    f.chunk_partials = info && info->chunk_partials && f.static_NC == 1;
+    if (f.chunk_partials) {
+      // The block is one chunk: its (o, m, l) are the tile's partials as they are, stored straight
+      // from the chunk's stages (no online state, no per-d copies of m and l).
+      partials(ch, row, tile) = select(ch < D, f.cpv(dd, row, 0, tile), ch == D, f.cmax(row, 0, tile),
+                                       f.csum(row, 0, tile));
+    } else {
+      // Online softmax across the chunks of the block. m and l are carried per d (each point's
+      // update then reads only itself: race-free, vectorisable); the output reads them from d - 1.
+      f.st(d, row, tile) = Tuple(0.f, kMasked, 0.f);
+      Expr cm = f.cmax(row, f.rc.x, tile);
+      if (f.static_NC == 1) {
+        // The block is one chunk: the merge with the initial state (0, kMasked, 0) is the identity
+        // (alpha = 0 and beta = 1 where a position is attended; 0 * 1 + 0 * 1 where none is), so the
+        // chunk's own (o, m, l) are stored as they are, without the merge's two exps per channel.
+        f.st(d, row, tile) = Tuple(f.cpv(d, row, f.rc.x, tile), cm, f.csum(row, f.rc.x, tile));
+      } else {
+        Expr m_old = f.st(d, row, tile)[1];
+        Expr m_new = max(m_old, cm);
+        Expr alpha = exp(m_old - m_new), beta = exp(cm - m_new);
+        f.st(d, row, tile) = Tuple(f.st(d, row, tile)[0] * alpha + f.cpv(d, row, f.rc.x, tile) * beta, m_new,
+                                   f.st(d, row, tile)[2] * alpha + f.csum(row, f.rc.x, tile) * beta);
+      }
+      partials(ch, row, tile) = select(ch < D, f.st(dd, row, tile)[0], ch == D, f.st(dd, row, tile)[1],
+                                       f.st(dd, row, tile)[2]);
+    }
     f.out = partials;
 
     // Dense C-order inputs; extents pinned where specialised.

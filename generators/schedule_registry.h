@@ -56,6 +56,10 @@ struct ScheduleInfo {
   // its values `aheads` too, and a schedule without it refuses ahead > 0.
   std::vector<std::string> aheads = {};
   bool takes_ahead() const { return !aheads.empty(); }
+  // Where the block is one chunk (specialised), the partials are that chunk's (o, m, l) as they
+  // are, with no online state: ForwardFuncs::st is left undefined and the schedule computes the
+  // per-chunk stages per tile (chunk_level in schedules/schedules.h). CPU schedules.
+  bool chunk_partials = false;
 };
 
 // The chunk knob's value for "the whole block as one chunk", at any block size (a specialised

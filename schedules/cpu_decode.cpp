@@ -56,10 +56,10 @@ namespace {
 // halves, lane = channel parity + 2 x row. A register tile's FMA then takes a channel pair of a
 // position's K row as one 64-bit broadcast and the query rows' pair of channels as one vector:
 // half the FMAs of 8-lane vectors over the rows alone. The halves are added once per tile.
-void paired_scores(ForwardFuncs& f, int lanes, int positions, RVar rc) {
+void paired_scores(ForwardFuncs& f, int lanes, int positions, const LoopLevel& at) {
   Var v("v"), vr("vr");
   RVar rdo("rdo"), rdi("rdi");
-  Func wrapper = register_tile(f.s, f.row, f.p, f.st, rc, lanes, lanes, positions);
+  Func wrapper = register_tile(f.s, f.row, f.p, at, lanes, lanes, positions);
   Func pairs = f.s.update().split(f.rd.x, rdo, rdi, 2).rfactor(rdi, v);
   f.s.update().reorder(f.row, rdi, f.p).vectorize(f.row, lanes).unroll(rdi).unroll(f.p);
   pairs.compute_at(wrapper, Var("co")).reorder_storage(v, f.row, f.p);
@@ -83,8 +83,8 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // query's heads of a KV head, where the rows are known) are then dense vector loads, not the
   // gather of every tile of the query.
   f.qt.compute_root().parallel(f.t).vectorize(f.lane, lanes, guard);
-  f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
-  RVar rc = f.rc.x;
+  if (!f.chunk_partials) f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
+  const LoopLevel at = chunk_level(f);
   // K and V chunks copied as they are (rows of D, in order), with vector loads that stream; or,
   // with ahead, read in place from their pages, which the tile `ahead` before requested into the
   // L2. V in place only where the P . V register tile divides D: its tiles past D would read past
@@ -93,28 +93,28 @@ void cpu_decode_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   // per tile in the copy).
   const bool k_in_place = k.ahead > 0 && f.storage == Float(32);
   const bool v_in_place = k.ahead > 0 && f.static_D > 0 && f.static_D % (k.vec * k.unroll) == 0;
-  if (!k_in_place) f.kf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
-  if (!v_in_place) f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  if (!k_in_place) f.kf.compute_at(at).vectorize(f.d, k.vec, guard);
+  if (!v_in_place) f.vf.compute_at(at).vectorize(f.d, k.vec, guard);
   const int positions = k.rows * k.unroll;  // per score register tile
   if (2 * lanes <= k.vec && f.static_D > 0 && f.static_D % 2 == 0) {
-    paired_scores(f, lanes, positions, rc);
+    paired_scores(f, lanes, positions, at);
   } else {
     Knobs scores = k;
     scores.vec = lanes;
     scores.unroll = 1;
     scores.rows = positions;
-    register_tiled_product(f.s, f.row, f.p, f.rd.x, f.st, rc, scores);
+    register_tiled_product(f.s, f.row, f.p, f.rd.x, at, scores);
   }
   // The requests for a later tile's rows: those of the score tile's positions, once per score
   // tile (not per row), spread through the products.
   if (k.ahead > 0) f.pf.compute_at(f.s.in(), Var("co"));
-  f.att.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
-  f.cmax.compute_at(f.st, rc).vectorize(f.row, lanes, guard);
+  f.att.compute_at(at).vectorize(f.p, k.vec, guard);
+  f.cmax.compute_at(at).vectorize(f.row, lanes, guard);
   f.cmax.update().reorder(f.row, f.rp.x).vectorize(f.row, lanes, guard);
-  f.pexp.compute_at(f.st, rc).reorder_storage(f.row, f.p).reorder(f.row, f.p).vectorize(f.row, lanes, guard);
-  f.csum.compute_at(f.st, rc).vectorize(f.row, lanes, guard);
+  f.pexp.compute_at(at).reorder_storage(f.row, f.p).reorder(f.row, f.p).vectorize(f.row, lanes, guard);
+  f.csum.compute_at(at).vectorize(f.row, lanes, guard);
   f.csum.update().reorder(f.row, f.rp.x).vectorize(f.row, lanes, guard);
-  register_tiled_product(f.cpv, f.d, f.row, f.rp.x, f.st, rc, k);
+  register_tiled_product(f.cpv, f.d, f.row, f.rp.x, at, k);
   // V in place: the positions of a P . V register tile's reduction split by page, so that a
   // page's address is looked up once per page, not once per position.
   if (v_in_place && f.static_page > 0 && f.static_C % f.static_page == 0) {
@@ -128,7 +128,7 @@ namespace {
 [[maybe_unused]] const bool registered = register_schedule(
     {"cpu_decode", "cpu", cpu_decode_forward, cpu_simple_combine, "",
      "per tile: rows as the vector, K and V read in place, requested into the L2 a tile ahead", false,
-     {{"ahead", "1"}, {"rows", "4"}, {"unroll", "2"}}, cpu_axes(), nullptr, cpu_keep, {"0", "1", "2"}});
+     {{"ahead", "1"}, {"rows", "4"}, {"unroll", "2"}}, cpu_axes(), nullptr, cpu_keep, {"0", "1", "2"}, true});
 
 }  // namespace
 

@@ -18,7 +18,11 @@ void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes) {
   } else {
     f.qf.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
   }
-  f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+  if (!f.chunk_partials) f.st.compute_at(f.out, f.tile).vectorize(f.d, k.vec, guard);
+}
+
+LoopLevel chunk_level(const ForwardFuncs& f) {
+  return f.chunk_partials ? LoopLevel(f.out, f.tile) : LoopLevel(f.st, f.rc.x);
 }
 
 void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {

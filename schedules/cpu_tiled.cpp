@@ -21,10 +21,10 @@ namespace kvouter::pipeline {
 
 using namespace Halide;
 
-Func register_tile(Func product, Var col, Var row, Func at, RVar at_var, int cols, int vec, int rows) {
+Func register_tile(Func product, Var col, Var row, const LoopLevel& at, int cols, int vec, int rows) {
   Var co("co"), ci("ci"), ro("ro"), ri("ri");
   Func wrapper = product.in();
-  wrapper.compute_at(at, at_var)
+  wrapper.compute_at(at)
       .reorder_storage(col, row)
       .tile(col, row, co, ro, ci, ri, cols, rows, TailStrategy::GuardWithIf)
       .vectorize(ci, vec)
@@ -34,11 +34,11 @@ Func register_tile(Func product, Var col, Var row, Func at, RVar at_var, int col
 }
 
 // A small matrix product `product(col, row) += ...` over reduction `red`, computed per chunk at
-// (at, at_var) in register tiles of (unroll x vec) columns by `rows` rows (register_tile), with
+// `at` in register tiles of (unroll x vec) columns by `rows` rows (register_tile), with
 // the reduction loop outermost, so its accumulators stay in registers.
-void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, RVar at_var, const Knobs& k) {
+void register_tiled_product(Func product, Var col, Var row, RVar red, const LoopLevel& at, const Knobs& k) {
   Var cu("cu"), cv("cv");
-  register_tile(product, col, row, at, at_var, k.vec * k.unroll, k.vec, k.rows);
+  register_tile(product, col, row, at, k.vec * k.unroll, k.vec, k.rows);
   product.update().split(col, cu, cv, k.vec).reorder(cv, cu, row, red).vectorize(cv).unroll(cu).unroll(row);
 }
 
@@ -46,35 +46,36 @@ void register_tiled_product(Func product, Var col, Var row, RVar red, Func at, R
 // positions innermost: each of `lanes` vector lanes reduces its own positions (rfactor), then the
 // lanes are reduced per row. Where the chunk is not a multiple of the lanes, the reduction stays
 // scalar.
-void lane_reduction(Func r, RVar rp, Var row, Func at, RVar at_var, int lanes) {
+void lane_reduction(Func r, RVar rp, Var row, const LoopLevel& at, int lanes) {
   const std::optional<int64_t> extent = as_const_int(rp.extent());
-  r.compute_at(at, at_var);
+  r.compute_at(at);
   if (!extent || *extent % lanes != 0) return;
   RVar rpo("rpo"), rpi("rpi");
   Var v("v");
   Func part = r.update().split(rp, rpo, rpi, lanes).rfactor(rpi, v);
-  part.compute_at(at, at_var).reorder_storage(v, row).vectorize(v);
+  part.compute_at(at).reorder_storage(v, row).vectorize(v);
   part.update().reorder(v, rpo, row).vectorize(v);
 }
 
 void cpu_tiled_forward(ForwardFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   cpu_tile_level(f, k);
-  // The online state's chunk loop; every per-chunk stage is computed inside it.
-  f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
-  RVar rc = f.rc.x;
+  // The online state's chunk loop (or the tile, where the partials are the one chunk's); every
+  // per-chunk stage is computed inside it.
+  if (!f.chunk_partials) f.st.update().reorder(f.d, f.row, f.rc.x).vectorize(f.d, k.vec, guard);
+  const LoopLevel at = chunk_level(f);
   // K chunk transposed: positions innermost.
-  f.kf.compute_at(f.st, rc).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
-  f.vf.compute_at(f.st, rc).vectorize(f.d, k.vec, guard);
+  f.kf.compute_at(at).reorder_storage(f.p, f.d).reorder(f.p, f.d).vectorize(f.p, k.vec, guard);
+  f.vf.compute_at(at).vectorize(f.d, k.vec, guard);
 
   // Scores (vectorised over positions) and P.V (over D), each in register tiles.
-  register_tiled_product(f.s, f.p, f.row, f.rd.x, f.st, rc, k);
+  register_tiled_product(f.s, f.p, f.row, f.rd.x, at, k);
   // The chunk's mask once per edge, read as vectors by cmax and pexp.
-  f.att.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
-  lane_reduction(f.cmax, f.rp.x, f.row, f.st, rc, k.vec);
-  f.pexp.compute_at(f.st, rc).vectorize(f.p, k.vec, guard);
-  lane_reduction(f.csum, f.rp.x, f.row, f.st, rc, k.vec);
-  register_tiled_product(f.cpv, f.d, f.row, f.rp.x, f.st, rc, k);
+  f.att.compute_at(at).vectorize(f.p, k.vec, guard);
+  lane_reduction(f.cmax, f.rp.x, f.row, at, k.vec);
+  f.pexp.compute_at(at).vectorize(f.p, k.vec, guard);
+  lane_reduction(f.csum, f.rp.x, f.row, at, k.vec);
+  register_tiled_product(f.cpv, f.d, f.row, f.rp.x, at, k);
 }
 
 namespace {
@@ -82,7 +83,7 @@ namespace {
 [[maybe_unused]] const bool registered = register_schedule(
     {"cpu_tiled", "cpu", cpu_tiled_forward, cpu_simple_combine, "",
      "per tile: K chunk staged transposed once, register-blocked Q.K^T and P.V", false, {}, cpu_axes(), nullptr,
-     cpu_keep});
+     cpu_keep, {}, true});
 
 }  // namespace
 

@@ -16,22 +16,25 @@ namespace kvouter::pipeline {
 // over D. The state's chunk loop (update) is left to the schedule. row_lanes > 0: the query rows
 // stored rows innermost and vectorised over them by row_lanes (cpu_decode), else over D.
 void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes = 0);
+// Where a CPU schedule computes its per-chunk stages: the state's chunk loop (st, rc), or, where
+// the partials are the one chunk's own (ForwardFuncs::chunk_partials), the tile loop of the output.
+Halide::LoopLevel chunk_level(const ForwardFuncs& f);
 
 // The combines the schedules share (cpu_simple.cpp, vulkan_tiled.cpp).
 void cpu_simple_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
 void vulkan_combine(CombineFuncs&, const Knobs&, const Halide::Target&);
-// A register tile of a small product computed per chunk at (at, at_var): a wrapper of `product`
+// A register tile of a small product computed per chunk at `at`: a wrapper of `product`
 // stores the chunk's result with `col` innermost, tiled by `cols` (vectorised by `vec`) x `rows`
 // (unrolled) in a loop "co" over the column tiles, and `product` itself is computed per register
 // tile there (stored `col` innermost, vectorised by `vec`, unrolled). Returns the wrapper; the
 // caller schedules product's update (cpu_tiled.cpp).
-Halide::Func register_tile(Halide::Func product, Halide::Var col, Halide::Var row, Halide::Func at,
-                           Halide::RVar at_var, int cols, int vec, int rows);
-// A small matrix product `product(col, row) += ...` over `red`, computed per chunk at (at, at_var)
+Halide::Func register_tile(Halide::Func product, Halide::Var col, Halide::Var row, const Halide::LoopLevel& at,
+                           int cols, int vec, int rows);
+// A small matrix product `product(col, row) += ...` over `red`, computed per chunk at `at`
 // in register tiles of (k.unroll x k.vec) columns by k.rows rows, the reduction outermost, `col`
 // vectorised and stored innermost (cpu_tiled.cpp).
 void register_tiled_product(Halide::Func product, Halide::Var col, Halide::Var row, Halide::RVar red,
-                            Halide::Func at, Halide::RVar at_var, const Knobs& k);
+                            const Halide::LoopLevel& at, const Knobs& k);
 // The CPU schedules' tuning axes and the rule they share (cpu_simple.cpp).
 const ScheduleInfo::Axes& cpu_axes();
 bool cpu_keep(const KnobValues& k, const TuneShape& shape);
