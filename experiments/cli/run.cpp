@@ -72,6 +72,21 @@ int cmd_run(const std::vector<std::string>& args) {
         ra.cfg.schedule = kx::default_schedule(target, problem);
       }
     }
+  } else if (ra.cfg.schedule.empty() && (ra.cfg.backend == "jit" || ra.cfg.backend == "aot")) {
+    // A Halide backend named without a schedule takes the case's default all the same: with jit
+    // and no --param the tuned winner (schedule and knobs), else the shape class's schedule
+    // (cpu_decode for a decode step), never one schedule for every shape.
+    const Problem problem = validate(in);
+    const std::string target = ra.cfg.target.empty() ? "host" : ra.cfg.target;
+    const auto tuned = ra.cfg.backend == "jit" && ra.cfg.params.empty()
+                           ? kx::lookup_tuned(in, target, tuning_db_path())
+                           : std::nullopt;
+    if (tuned) {
+      ra.cfg.schedule = tuned->schedule;
+      ra.cfg.params = tuned->knobs;
+    } else {
+      ra.cfg.schedule = kx::default_schedule(target, problem);
+    }
   }
   const Prepared p = prepare(ra.cfg, in);
   kx::MeasureOptions opt;

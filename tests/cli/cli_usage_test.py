@@ -197,6 +197,9 @@ with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ, KVOUTER_TUNING_DB=db)
     r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o")], capture_output=True, text=True, env=env)
     expect(r.returncode == 0 and f"schedule={sched} " in r.stdout, f"run's default reads the tuning database ({sched}): {r.stdout.strip()[:200]}")
+    r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o"), "--backend", "jit"], capture_output=True, text=True, env=env)
+    expect(r.returncode == 0 and f"backend=jit schedule={sched} " in r.stdout,
+           f"run --backend jit without --schedule reads the tuning database ({sched}): {r.stdout.strip()[:200]}")
     exp = os.path.join(tmp, "exp")
     r = subprocess.run([cli, "export", "--out", exp, "--tuned", "--from-case", case], capture_output=True,
                        text=True, env=env)
@@ -213,6 +216,12 @@ with tempfile.TemporaryDirectory() as tmp:
                            capture_output=True, text=True, env=env, timeout=300)
         expect(r.returncode == 0 and f"schedule={sched} " in r.stdout,
                f"run's default on an untuned machine, {case}: {sched} ({r.stdout.strip()[:200]} {r.stderr.strip()[-200:]})")
+        # A Halide backend named without --schedule takes the same shape-class default.
+        for backend in ("jit", "aot"):
+            r = subprocess.run([cli, "run", os.path.join(data, case), "--out", os.path.join(tmp, case), "--target", "host",
+                                "--backend", backend], capture_output=True, text=True, env=env, timeout=300)
+            expect(r.returncode == 0 and f"backend={backend} schedule={sched} " in r.stdout,
+                   f"run --backend {backend} without --schedule, {case}: {sched} ({r.stdout.strip()[:200]} {r.stderr.strip()[-200:]})")
         # export without --schedule builds the same schedule for the case's shape.
         out = os.path.join(tmp, case + "_export")
         r = subprocess.run([cli, "export", "--out", out, "--from-case", os.path.join(data, case)],
