@@ -140,9 +140,9 @@ void register_all_backends() {
 }
 
 const char* default_backend() { return "jit"; }
-// The fastest correct CPU schedule measured on SPEC prefill: cpu_tiled, JIT 107.4 ms against
-// cpu_decode's 151 and cpu_rowstream's 237; on decode cpu_decode, 22.4 against cpu_tiled's 32.5 ms
-// (experiments/results/cpu_bench.json, 2026-12-07, run 6f563d5, the Xeon host). Every CPU host of
+// The fastest correct CPU schedule measured on SPEC prefill: cpu_tiled, JIT 100.6 ms against
+// cpu_decode's 137 and cpu_rowstream's 248; on decode cpu_decode, 24.3 against cpu_tiled's 31.6 ms
+// (experiments/results/cpu_bench.json, 2026-12-07, run 4fccfa5, the Xeon host). Every CPU host of
 // the tuning database (the Xeon, Zen 3 and Zen 4 hosts) took the same two (default_schedule).
 const char* default_cpu_schedule() { return "cpu_tiled"; }
 // The fastest correct schedule measured on each kind of device (kernel medians, warm clocks, the

@@ -30,8 +30,9 @@
 // Measured, SPEC decode, forward + combine (where the time goes:
 // experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
 //   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-07, kvouter_bench
-//     (experiments/results/cpu_bench.json, run 6f563d5): JIT 22.4 ms, AOT 22.8 ms, 46-47 % of the
-//     roofline bound at 25.5 GB/s, 2.0x direct;
+//     (experiments/results/cpu_bench.json, run 4fccfa5; the partials stored straight from the
+//     chunk): JIT 24.3 ms, AOT 25.0 ms, 58-59 % of the roofline bound at that run's 18.8 GB/s,
+//     1.9x direct; earlier that day (run 6f563d5) JIT 22.4 ms, 46-47 % of the bound at 25.5 GB/s;
 //   - the same host kind, 2026-12-06, kvouter_bench
 //     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT rows 8 x unroll 2
 //     20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x

@@ -2,9 +2,9 @@
 // and chunk, then the tile's rows stream through it in blocks of `rows`: each row block computes
 // its scores, softmax weights and P.V back to back, so the score matrix of the whole tile is
 // never materialised (flash-attention's row streaming, inside a KV-outer tile).
-// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5; experiments/results/
-// README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 237 ms = 1.40x direct, decode
-// JIT 41.1 ms = 1.10x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
+// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 4fccfa5; experiments/results/
+// README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 248 ms = 1.41x direct, decode
+// JIT 42.5 ms = 1.10x direct. Slower than cpu_tiled: the P.V register tile is only `rows` rows high, so V is
 // reloaded per row block.
 #include "schedules.h"
 

@@ -1,8 +1,8 @@
 // cpu_simple: the plain schedule. Parallel over tiles; inside a tile, the online state runs over
 // the chunks and each per-chunk stage is vectorised over its innermost dimension (positions for
-// scores, D for P.V). Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5;
-// experiments/results/README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 709 ms =
-// 0.47x direct, decode JIT 69 ms = 0.66x direct. The baseline the other schedules improve on: nothing is
+// scores, D for P.V). Measured 2026-12-07 (experiments/results/cpu_bench.json, run 4fccfa5;
+// experiments/results/README.md), 2-core Sapphire Rapids-class Xeon: SPEC prefill JIT 745 ms =
+// 0.47x direct, decode JIT 71 ms = 0.66x direct. The baseline the other schedules improve on: nothing is
 // register-blocked and K is read with positions strided.
 #include "schedules.h"
 
@@ -45,8 +45,8 @@ void cpu_simple_combine(CombineFuncs& f, const Knobs& k, const Target&) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
   // One pass over a query's partials: per query, its statistics (max m, sum w*l) and then its
   // weighted o rows, while the rows' lines are in cache; lse in the same loop (compute_with).
-  // Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5), the Xeon host, cpu_tiled
-  // JIT: SPEC prefill's combine 16.8 ms, decode's 1.2 ms. (One pass against the three root passes
+  // Measured 2026-12-07 (experiments/results/cpu_bench.json, run 4fccfa5), the Xeon host, cpu_tiled
+  // AOT: SPEC prefill's combine 17.1 ms, decode's 1.2 ms. (One pass against the three root passes
   // before it, Zen 4, 2026-12-02: 25.8 against 34.9 ms and 1.2 against 4.8 ms,
   // experiments/results/cpu/2026-12-02/combine.md.)
   f.out.compute_root().parallel(f.t).vectorize(f.d, k.vec, guard);

@@ -6,13 +6,16 @@
 //   - both products run in register tiles of (unroll x vec) columns by `rows` rows, with the
 //     reduction loop outermost (the shape of Halide's linear_algebra matmul), so the
 //     accumulators stay in registers.
-//   - cmax and csum reduce in vector lanes; the mask is computed once per chunk and edge.
-// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 6f563d5; experiments/results/
-// README.md), 2-core Sapphire Rapids-class Xeon, AVX-512, 429 GFLOP/s: SPEC prefill AOT 104.1 ms
-// (the 6 x 4 register tile) = 3.2x direct, 28 % of the FP32 peak; JIT with the schedule's own
-// defaults (4 x 4) 107.4 ms; with the tuning database's knobs (T 32, rows 6 x unroll 4; experiments/
-// results/cpu/2026-12-07/register_tiles_xeon.md) 99-102 ms; decode (T = 1) JIT 32.5 ms = 1.4x
-// direct. On a 2-core AMD EPYC Zen 3 (AVX2, 201 GFLOP/s; 2026-12-04, experiments/results/
+//   - cmax and csum reduce in vector lanes; the mask is computed once per chunk and edge;
+//   - where the block is one chunk, the partials are stored straight from the chunk's cpv, cmax
+//     and csum, with no online state (chunk_partials): 12-14 % off SPEC prefill on the Xeon host
+//     below (experiments/results/cpu/2026-12-07/chunk_partials_xeon.md).
+// Measured 2026-12-07 (experiments/results/cpu_bench.json, run 4fccfa5; experiments/results/
+// README.md), 2-core Sapphire Rapids-class Xeon, AVX-512, 394 GFLOP/s: SPEC prefill AOT 92.1 ms
+// (the 6 x 4 register tile) = 3.8x direct, 35 % of the FP32 peak; JIT with the schedule's own
+// defaults (4 x 4) 100.6 ms; with the tuning database's knobs (T 32, rows 6 x unroll 4; experiments/
+// results/cpu/2026-12-07/tune_prefill_xeon_chunk_partials.jsonl) 94.5 ms in the tuner; decode
+// (T = 1) JIT 31.6 ms = 1.5x direct. On a 2-core AMD EPYC Zen 3 (AVX2, 201 GFLOP/s; 2026-12-04, experiments/results/
 // cpu/2026-12-04/cpu_bench_zen3.json): prefill 122.6-125.7 ms, 50-51 % of its peak
 // (experiments/results/cpu/2026-12-04/forward_overheads.md says where the forward's time goes).
 #include "schedules.h"
