@@ -34,7 +34,9 @@ struct Knobs {
 // over rc): m' = max(m, cmax), o' = o e^(m - m') + cpv e^(cmax - m'), l' likewise. m and l are
 // carried per d so that each point's update reads only itself (parallel, vectorisable, GPU
 // threads). Where the block is one chunk (static_NC == 1) the update stores the chunk's
-// (cpv, cmax, csum) as they are: the merge with the initial state is the identity there.
+// (cpv, cmax, csum) as they are: the merge with the initial state is the identity there; and
+// where the schedule asks for it (ScheduleInfo::chunk_partials) st is not defined at all, the
+// partials reading cpv, cmax and csum directly.
 // partials(ch, row, tile) packs [o | m | l], ch in [0, D + 2).
 struct ForwardFuncs {
   // Named, so that Halide's messages and generated kernels say which stage they mean.
@@ -55,8 +57,12 @@ struct ForwardFuncs {
   Halide::Func cpv{"cpv"};      // (d, row, c, tile)
   Halide::Func csum{"csum"};    // (row, c, tile)
   Halide::Func st{"st"};        // (d, row, tile)          Tuple(o, m, l), online over chunks rc
+                                //                         (undefined where chunk_partials)
   Halide::Func out{"out"};      // (ch, row, tile)         the packed partials (the Output)
   Halide::Var d{"d"}, p{"p"}, row{"row"}, c{"c"}, tile{"tile"}, ch{"ch"}, e{"e"}, lane{"lane"}, h{"h"}, t{"t"};
+  // The output's loop over the tiles of one parallel task, where a CPU schedule splits `tile` into
+  // tasks (cpu_tile_level): `tile` then names the task loop.
+  Halide::Var tile_in{"tile_in"};
   Halide::RDom rd;      // over D
   Halide::RDom rp;      // over C positions
   Halide::RDom rc;      // over chunks

@@ -29,10 +29,13 @@
 // (experiments/results/cpu/2026-12-06/cli_huge_pages_xeon.md).
 // Measured, SPEC decode, forward + combine (where the time goes:
 // experiments/results/cpu/2026-12-06/where_the_time_goes_xeon.md):
-//   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-07, kvouter_bench
-//     (experiments/results/cpu_bench.json, run 4fccfa5; the partials stored straight from the
-//     chunk): JIT 24.3 ms, AOT 25.0 ms, 58-59 % of the roofline bound at that run's 18.8 GB/s,
-//     1.9x direct; earlier that day (run 6f563d5) JIT 22.4 ms, 46-47 % of the bound at 25.5 GB/s;
+//   - 2-core Sapphire Rapids-class Xeon (AVX-512), 2026-12-07, kvouter_bench, the partials stored
+//     straight from the chunk, per tile (experiments/results/cpu/2026-12-07/
+//     cpu_bench_decode_per_tile.json): AOT 25.3 ms, JIT 26.0 ms, 43-45 % of the roofline bound at
+//     that run's 24.0 GB/s, 2.0-2.1x direct; earlier that day (experiments/results/cpu_bench.json,
+//     run 6f563d5) JIT 22.4 ms, 46-47 % of the bound at 25.5 GB/s; 16 bits
+//     (experiments/results/cpu/2026-12-07/dtype_bench_xeon_chunk_partials.json): float16
+//     1.28-1.30x and bfloat16 1.17-1.20x faster than float32;
 //   - the same host kind, 2026-12-06, kvouter_bench
 //     (experiments/results/cpu/2026-12-06/dtype_bench_xeon_paired.json): JIT rows 8 x unroll 2
 //     20.8 ms, AOT 20.5 ms, 45 % of the roofline bound at 29.2 GB/s, 2.0x

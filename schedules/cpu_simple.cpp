@@ -12,7 +12,7 @@ using namespace Halide;
 
 void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  f.out.compute_root().parallel(f.tile, k.grain, guard).vectorize(f.ch, k.vec, guard);
+  f.out.compute_root().split(f.tile, f.tile, f.tile_in, k.grain, guard).parallel(f.tile).vectorize(f.ch, k.vec, guard);
   if (row_lanes > 0) {
     f.qf.compute_at(f.out, f.tile).reorder_storage(f.row, f.d).reorder(f.row, f.d).vectorize(f.row, row_lanes, guard);
   } else {
@@ -22,7 +22,8 @@ void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes) {
 }
 
 LoopLevel chunk_level(const ForwardFuncs& f) {
-  return f.chunk_partials ? LoopLevel(f.out, f.tile) : LoopLevel(f.st, f.rc.x);
+  // (tile_in: once per tile; `tile` is the loop over tasks of `grain` tiles.)
+  return f.chunk_partials ? LoopLevel(f.out, f.tile_in) : LoopLevel(f.st, f.rc.x);
 }
 
 void cpu_simple_forward(ForwardFuncs& f, const Knobs& k, const Target&) {

@@ -11,9 +11,10 @@
 
 namespace kvouter::pipeline {
 
-// What every CPU schedule shares: tiles in parallel (knob grain), the packed output and the
-// tile's gathered query rows vectorised, and the online state computed per tile, vectorised
-// over D. The state's chunk loop (update) is left to the schedule. row_lanes > 0: the query rows
+// What every CPU schedule shares: tiles in parallel (tasks of `grain` tiles: the output's loops
+// `tile` over tasks and `tile_in` within one), the packed output and the tile's gathered query
+// rows vectorised, and the online state (where it is defined: not with chunk_partials) computed
+// per task, vectorised over D. The state's chunk loop (update) is left to the schedule. row_lanes > 0: the query rows
 // stored rows innermost and vectorised over them by row_lanes (cpu_decode), else over D.
 void cpu_tile_level(ForwardFuncs& f, const Knobs& k, int row_lanes = 0);
 // Where a CPU schedule computes its per-chunk stages: the state's chunk loop (st, rc), or, where

@@ -197,9 +197,18 @@ with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ, KVOUTER_TUNING_DB=db)
     r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o")], capture_output=True, text=True, env=env)
     expect(r.returncode == 0 and f"schedule={sched} " in r.stdout, f"run's default reads the tuning database ({sched}): {r.stdout.strip()[:200]}")
-    r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o"), "--backend", "jit"], capture_output=True, text=True, env=env)
-    expect(r.returncode == 0 and f"backend=jit schedule={sched} " in r.stdout,
-           f"run --backend jit without --schedule reads the tuning database ({sched}): {r.stdout.strip()[:200]}")
+    # --backend jit without --schedule reads it too, schedule and knobs: an entry edited to a point
+    # no default gives (cpu_rowstream, rows 2), so that only the database can name it.
+    if winner:
+        edited = json.load(open(db))
+        for entry in edited["entries"].values():
+            entry["schedule"], entry["knobs"] = "cpu_rowstream", {"rows": "2", "unroll": "2"}
+        db2 = os.path.join(tmp, "db_edited.json")
+        json.dump(edited, open(db2, "w"))
+        r = subprocess.run([cli, "run", case, "--out", os.path.join(tmp, "o"), "--backend", "jit"], capture_output=True,
+                           text=True, env=dict(os.environ, KVOUTER_TUNING_DB=db2))
+        expect(r.returncode == 0 and "backend=jit schedule=cpu_rowstream " in r.stdout and "rows=2," in r.stdout,
+               f"run --backend jit without --schedule takes the tuning database's schedule and knobs: {r.stdout.strip()[:200]} {r.stderr.strip()[-200:]}")
     exp = os.path.join(tmp, "exp")
     r = subprocess.run([cli, "export", "--out", exp, "--tuned", "--from-case", case], capture_output=True,
                        text=True, env=env)
