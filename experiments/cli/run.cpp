@@ -55,28 +55,18 @@ RunArgs parse_run(const std::vector<std::string>& a) {
 int cmd_run(const std::vector<std::string>& args) {
   RunArgs ra = parse_run(args);
   Inputs in = load_case(ra.case_dir);
-  if (ra.cfg.backend.empty()) {
-    // The default: the tuned winner for this shape class on this machine, else the default backend,
-    // on a GPU when one is present (kx::default_target), with the shape class's schedule
-    // (kx::default_schedule).
+  // The default: the tuned winner for this shape class on this machine (jit, no --param), else the
+  // shape class's schedule (kx::default_schedule: cpu_decode for a decode step); without
+  // --backend, the default backend on a GPU when one is present (kx::default_target). A Halide
+  // backend named without --schedule chooses the same way, never one schedule for every shape.
+  const bool backend_named = !ra.cfg.backend.empty();
+  if (!backend_named) {
     ra.cfg.backend = kx::default_backend();
     if (ra.cfg.target.empty() && ra.cfg.schedule.empty()) ra.cfg.target = kx::default_target();
-    if (ra.cfg.schedule.empty() && ra.cfg.params.empty()) {
-      const Problem problem = validate(in);  // bad input is reported as such, before any look-up
-      const std::string target = ra.cfg.target.empty() ? "host" : ra.cfg.target;
-      if (auto tuned = kx::lookup_tuned(in, target, tuning_db_path())) {
-        ra.cfg.backend = "jit";
-        ra.cfg.schedule = tuned->schedule;
-        ra.cfg.params = tuned->knobs;
-      } else {
-        ra.cfg.schedule = kx::default_schedule(target, problem);
-      }
-    }
-  } else if (ra.cfg.schedule.empty() && (ra.cfg.backend == "jit" || ra.cfg.backend == "aot")) {
-    // A Halide backend named without a schedule takes the case's default all the same: with jit
-    // and no --param the tuned winner (schedule and knobs), else the shape class's schedule
-    // (cpu_decode for a decode step), never one schedule for every shape.
-    const Problem problem = validate(in);
+  }
+  const bool halide = ra.cfg.backend == "jit" || ra.cfg.backend == "aot";
+  if (ra.cfg.schedule.empty() && (backend_named ? halide : ra.cfg.params.empty())) {
+    const Problem problem = validate(in);  // bad input is reported as such, before any look-up
     const std::string target = ra.cfg.target.empty() ? "host" : ra.cfg.target;
     const auto tuned = ra.cfg.backend == "jit" && ra.cfg.params.empty()
                            ? kx::lookup_tuned(in, target, tuning_db_path())
