@@ -21,6 +21,10 @@ int vector_registers(const Halide::Target& target) {
   return target.arch == Halide::Target::X86 && !target.has_feature(Halide::Target::AVX512) ? 16 : 32;
 }
 
+bool prefill_wide_tile(const Halide::Target& target) {
+  return target.arch == Halide::Target::X86 && target.has_feature(Halide::Target::AVX512);
+}
+
 Knobs resolve_knobs(Knobs k, const Halide::Target& target) {
   if (target.has_gpu_feature()) {
     if (k.vec == 0) k.vec = 16;
