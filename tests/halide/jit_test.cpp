@@ -207,6 +207,7 @@ TEST(Jit, AutomaticKnobsAreSizedToTheTarget) {
   EXPECT_EQ(sized("x86-64-linux-avx-avx2-fma-f16c-sse41"), "8/4/2");  // 16 ymm registers
   EXPECT_EQ(sized("x86-64-linux-avx-avx2-avx512-avx512_skylake-fma-f16c-sse41"), "16/4/4");  // 32 zmm
   EXPECT_EQ(sized("arm-64-linux"), "4/4/4");                                            // 32 NEON
+  EXPECT_EQ(sized("x86-64-linux-avx512_skylake"), "16/4/4");  // a flavour alone: zmm, 32 registers
   EXPECT_EQ(sized("x86-64-linux-vulkan-vk_int64-vk_v13"), "16/4/4");
   // The count the tuner's keep rule budgets with (TuneShape::vector_registers) is the same one.
   EXPECT_EQ(pipeline::vector_registers(Halide::Target("x86-64-linux-avx-avx2-fma-f16c-sse41")), 16);
