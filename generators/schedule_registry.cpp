@@ -15,10 +15,6 @@ std::vector<ScheduleInfo>& registry() {
 
 auto order_key(const ScheduleInfo& s) { return std::make_tuple(!s.autoscheduler.empty(), s.device != "cpu", s.name); }
 
-}  // namespace
-
-namespace {
-
 // Any of Halide's AVX-512 features: a target may name a flavour alone ("avx512_skylake"), which
 // Halide compiles with zmm registers without the plain "avx512" feature.
 bool has_avx512(const Halide::Target& target) {

@@ -75,8 +75,8 @@ inline constexpr int kWholeBlock = 0;
 // the schedules' own sizes: 16 (vulkan_onepass's automatic width), 4 and 4.
 Knobs resolve_knobs(Knobs k, const Halide::Target& target);
 // A CPU target's vector registers: 32 with AVX-512 (any of Halide's AVX-512 features) and on ARM,
-// 16 on other x86 (resolve_knobs's
-// register tile and the CPU schedules' keep rule, TuneShape::vector_registers).
+// 16 on other x86 (resolve_knobs's register tile and the CPU schedules' keep rule,
+// TuneShape::vector_registers).
 int vector_registers(const Halide::Target& target);
 // Whether the SPEC prefill AOT variants of cpu_tiled take the 6 x 4 register tile (the tuned JIT
 // default there, schedules/cpu_tiled.cpp) for this target: on x86 with any AVX-512 feature. The
