@@ -15,22 +15,7 @@ std::vector<ScheduleInfo>& registry() {
 
 auto order_key(const ScheduleInfo& s) { return std::make_tuple(!s.autoscheduler.empty(), s.device != "cpu", s.name); }
 
-// Any of Halide's AVX-512 features: a target may name a flavour alone ("avx512_skylake"), which
-// Halide compiles with zmm registers without the plain "avx512" feature.
-bool has_avx512(const Halide::Target& target) {
-  using T = Halide::Target;
-  return target.has_feature(T::AVX512) || target.has_feature(T::AVX512_KNL) || target.has_feature(T::AVX512_Skylake) ||
-         target.has_feature(T::AVX512_Cannonlake) || target.has_feature(T::AVX512_SapphireRapids) ||
-         target.has_feature(T::AVX512_Zen4) || target.has_feature(T::AVX512_Zen5);
-}
-
 }  // namespace
-
-int vector_registers(const Halide::Target& target) {
-  return target.arch == Halide::Target::X86 && !has_avx512(target) ? 16 : 32;
-}
-
-bool prefill_wide_tile(const Halide::Target& target) { return target.arch == Halide::Target::X86 && has_avx512(target); }
 
 Knobs resolve_knobs(Knobs k, const Halide::Target& target) {
   if (target.has_gpu_feature()) {

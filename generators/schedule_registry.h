@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvouter_funcs.h"
+#include "target_rules.h"
 
 namespace kvouter::pipeline {
 
@@ -74,16 +75,7 @@ inline constexpr int kWholeBlock = 0;
 // 218-282 against 341-346 ms (experiments/results/cpu/2026-12-02/avx2_knobs.md). On a GPU target
 // the schedules' own sizes: 16 (vulkan_onepass's automatic width), 4 and 4.
 Knobs resolve_knobs(Knobs k, const Halide::Target& target);
-// A CPU target's vector registers: 32 with AVX-512 (any of Halide's AVX-512 features) and on ARM,
-// 16 on other x86 (resolve_knobs's register tile and the CPU schedules' keep rule,
-// TuneShape::vector_registers).
-int vector_registers(const Halide::Target& target);
-// Whether the SPEC prefill AOT variants of cpu_tiled take the 6 x 4 register tile (the tuned JIT
-// default there, schedules/cpu_tiled.cpp) for this target: on x86 with any AVX-512 feature. The
-// same rule as generators/CMakeLists.txt's KVOUTER_PREFILL_TILE ("avx512" in the build machine's
-// flags or the named target), as CMake cannot call this; aot_test checks every registered variant
-// against it. Not every 32-register target: ARM's variants keep resolve_knobs's tile.
-bool prefill_wide_tile(const Halide::Target& target);
+// vector_registers and prefill_wide_tile: target_rules.h.
 
 // Every registered schedule: manual schedules before autoscheduled twins, CPU before GPU, then by
 // name (registration order across files is not defined, this order is).

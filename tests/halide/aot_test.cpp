@@ -253,8 +253,8 @@ TEST(Aot, VariantTargetsCarryTheStorageFeatures) {
 }
 
 // The SPEC prefill variants of cpu_tiled (each dtype) take the 6 x 4 register tile exactly where the CPU it was
-// generated for is x86 with AVX-512 (generators/CMakeLists.txt decides from the build machine's
-// flags or the named target; pipeline::prefill_wide_tile states the same rule). A variant that
+// generated for is x86 with AVX-512 (pipeline::prefill_wide_tile, which generators/CMakeLists.txt asks
+// about the AOT target through cmake/prefill_tile_probe.cpp). A variant that
 // KVOUTER_AOT_EXTRA_CONFIGS adds with knobs of its own (say chunk=32) is not one of them.
 TEST(Aot, PrefillTileFollowsTheTargetsRegisters) {
   // Knobs as registered: "k=v,..." (the storage dtype is in spec, not here).

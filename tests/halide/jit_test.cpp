@@ -216,8 +216,8 @@ TEST(Jit, AutomaticKnobsAreSizedToTheTarget) {
   // A flavour named alone is AVX-512 too (Halide compiles it with zmm registers).
   EXPECT_EQ(pipeline::vector_registers(Halide::Target("x86-64-linux-avx512_skylake")), 32);
   EXPECT_EQ(pipeline::vector_registers(Halide::Target("x86-64-linux-avx512_zen4")), 32);
-  // The SPEC prefill AOT variants' 6 x 4 tile: x86 with AVX-512 (the rule of
-  // generators/CMakeLists.txt, which matches "avx512" in the flags or the target), not ARM.
+  // The SPEC prefill AOT variants' 6 x 4 tile (generators/CMakeLists.txt asks this function): x86
+  // with AVX-512, not ARM.
   EXPECT_TRUE(pipeline::prefill_wide_tile(Halide::Target("x86-64-linux-avx-avx2-avx512-avx512_skylake-fma-f16c-sse41")));
   EXPECT_TRUE(pipeline::prefill_wide_tile(Halide::Target("x86-64-linux-avx512_skylake")));
   EXPECT_FALSE(pipeline::prefill_wide_tile(Halide::Target("x86-64-linux-avx-avx2-fma-f16c-sse41")));
