@@ -124,11 +124,11 @@ DeviceKvCache::~DeviceKvCache() {
 }
 
 void DeviceKvCache::check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
-                               int64_t rows_per_page, int64_t n_src) const {
+                               bool whole_pages, int64_t n_src) const {
   const int64_t n = pages.rank == 1 ? pages.dim(0) : -1;
   if (n < 0 || !pages.row_major()) throw InputError("pages", "a contiguous [n] array", shape_str(pages));
   if (n_src < 0) n_src = n;
-  const std::vector<int64_t> want = rows_per_page > 1
+  const std::vector<int64_t> want = whole_pages
                                         ? std::vector<int64_t>{n_src, shape_.Hkv, shape_.page_size, shape_.D}
                                         : std::vector<int64_t>{n_src, shape_.Hkv, shape_.D};
   for (const auto& [name, x] : {std::pair<const char*, const StorageView*>{"k", &k}, {"v", &v}}) {
@@ -159,13 +159,13 @@ int64_t DeviceKvCache::first_repeat(const int32_t* pages, const int32_t* slots, 
 }
 
 void DeviceKvCache::write_pages(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v) {
-  check_rows(pages, k, v, shape_.page_size, -1);
+  check_rows(pages, k, v, true, -1);
   write_page_rows(pages, nullptr, k, v);
 }
 
 void DeviceKvCache::write_pool_pages(const TensorView<const int32_t>& pages, const StorageView& k_pool,
                                      const StorageView& v_pool) {
-  check_rows(pages, k_pool, v_pool, shape_.page_size, shape_.num_pages);
+  check_rows(pages, k_pool, v_pool, true, shape_.num_pages);
   write_page_rows(pages, pages.data, k_pool, v_pool);
 }
 
@@ -201,7 +201,7 @@ void DeviceKvCache::write_page_rows(const TensorView<const int32_t>& pages, cons
 
 void DeviceKvCache::write_tokens(const TensorView<const int32_t>& pages, const TensorView<const int32_t>& slots,
                                  const StorageView& k, const StorageView& v) {
-  check_rows(pages, k, v, 1, -1);
+  check_rows(pages, k, v, false, -1);
   const int64_t n = pages.dim(0);
   if (slots.rank != 1 || slots.dim(0) != n || !slots.row_major()) {
     throw InputError("slots", "a contiguous [" + std::to_string(n) + "] array (one per page entry)", shape_str(slots));

@@ -42,8 +42,21 @@ def reference(q, kp, vp, sel, bt, cu, used, bs, ps, causal, scale):
     return out.astype(np.float32), lse.astype(np.float32)
 
 
+def storage(x, dtype):
+    """x (float32) stored in dtype: the array written to the .npy (bfloat16 as its <u2 bits,
+    rounded to nearest even) and the float32 values it holds, which the reference reads."""
+    if dtype == "float32":
+        return x, x
+    if dtype == "float16":
+        h = x.astype(np.float16)
+        return h, h.astype(np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def make(name, rng, qo, kv, Hq, Hkv, D, bs, ps, topk, causal, neg=0.0, pad=0.0, dup=0.0,
-         used=True, scale=None, extra_pages=0, kind="valid"):
+         used=True, scale=None, extra_pages=0, kind="valid", dtype="float32", root=HERE):
     B = len(qo)
     ppb = bs // ps
     msb = -(-max(kv) // bs)
@@ -62,14 +75,17 @@ def make(name, rng, qo, kv, Hq, Hkv, D, bs, ps, topk, causal, neg=0.0, pad=0.0, 
             sel[idx] = sel[idx[0], idx[1], rng.integers(0, idx[2])]
     sel[rng.random(sel.shape) < pad] = -1
     used_arr = np.array(kv, np.int32) if used else None
-    d = os.path.join(HERE, name)
+    (q, qv), (kp, kv_), (vp, vv) = storage(q, dtype), storage(kp, dtype), storage(vp, dtype)
+    d = os.path.join(root, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     cfg = {"block_size": bs, "page_size": ps, "causal": causal}
+    if dtype != "float32":
+        cfg["dtype"] = dtype
     if scale is not None:
         cfg["softmax_scale"] = scale
     if kind == "valid":
-        o, l = reference(q, kp, vp, sel, perm, cu, used_arr, bs, ps, causal,
+        o, l = reference(qv, kv_, vv, sel, perm, cu, used_arr, bs, ps, causal,
                          scale if scale is not None else 1 / np.sqrt(D))
         np.save(os.path.join(d, "expect_out.npy"), o)
         np.save(os.path.join(d, "expect_lse.npy"), l)

@@ -786,6 +786,23 @@ TEST(DeviceCache, BadWritesAreTypedErrorsNamingTheField) {
   EXPECT_THROW(DeviceKvCache("host", {8, 2, 4, 32, Dtype::kFloat32}), BackendError);
 }
 
+// Pages of one position: write_pages takes [n, Hkv, 1, D] (whole pages), write_tokens [n, Hkv, D]
+// (one token each); each refuses the other's shape, naming k. (The pages' shape was once chosen by
+// page_size > 1, so a pool of one-position pages refused its own pages.)
+TEST(DeviceCache, OnePositionPagesTakeBothShapes) {
+  REQUIRE_DEVICE("host-vulkan");
+  DeviceKvCache cache("host-vulkan", {8, 2, 1, 32, Dtype::kFloat32});
+  std::vector<float> k(3 * 2 * 32), v(k.size());
+  std::vector<int32_t> pages = {5, 0, 7}, slots = {0, 0, 0};
+  const TensorView<const int32_t> three(pages.data(), {3}), zero_slots(slots.data(), {3});
+  const StorageView kp(k.data(), {3, 2, 1, 32}), vp(v.data(), {3, 2, 1, 32});
+  const StorageView kt(k.data(), {3, 2, 32}), vt(v.data(), {3, 2, 32});
+  EXPECT_NO_THROW(cache.write_pages(three, kp, vp));
+  EXPECT_NO_THROW(cache.write_tokens(three, zero_slots, kt, vt));
+  EXPECT_EQ(input_error_field([&] { cache.write_pages(three, kt, vt); }), "k");
+  EXPECT_EQ(input_error_field([&] { cache.write_tokens(three, zero_slots, kp, vp); }), "k");
+}
+
 TEST(DeviceCache, StepsNamingPagesBeyondThePoolOrAnotherDtypeAreRefused) {
   REQUIRE_DEVICE("host-vulkan");
   DeviceKvCache cache("host-vulkan", {Engine::pool_pages, Engine::Hkv, Engine::page, Engine::D, Dtype::kFloat32});

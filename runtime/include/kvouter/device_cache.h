@@ -208,8 +208,10 @@ class DeviceKvCache {
     halide_dimension_t dims[4]{};
     int64_t pages = 0;
   };
+  // k and v as whole pages [n_src, Hkv, page_size, D] (whole_pages; page_size may be 1) or as
+  // one token's rows [n_src, Hkv, D].
   void check_rows(const TensorView<const int32_t>& pages, const StorageView& k, const StorageView& v,
-                  int64_t rows_per_page, int64_t n_src) const;
+                  bool whole_pages, int64_t n_src) const;
   // Pages [n, Hkv, page_size, D] to rows and on to the device: page i of k/v (or page src[i]) to
   // page pages[i].
   void write_page_rows(const TensorView<const int32_t>& pages, const int32_t* src, const StorageView& k,
