@@ -61,6 +61,26 @@ Halide::Target to_target(const std::string& target) {
   return t;
 }
 
+// A Halide error as one line of text: its lines joined, and a word where Halide gave none (the
+// Mullapudi2016 plugin throws some errors with an empty message).
+std::string halide_error_text(const Halide::Error& e, const std::string& autoscheduler) {
+  std::string text;
+  for (const char* c = e.what(); *c; ++c) {
+    if (*c == '\n' || *c == '\r') {
+      if (!text.empty() && text.back() != ' ') text += ' ';
+    } else {
+      text += *c;
+    }
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  if (text.empty() || text == "Error:") {
+    text += text.empty() ? "" : " ";
+    text += autoscheduler.empty() ? "(Halide gave no message)"
+                                  : "(Halide gave no message; raised inside the " + autoscheduler + " autoscheduler)";
+  }
+  return text;
+}
+
 // The autoscheduler plugins ship beside libHalide.so in the wheel.
 void load_autoscheduler(const std::string& name) {
   static std::mutex mu;
@@ -158,7 +178,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
                               halide_buffer_t* lse) { return c(part, pidx, out, lse); };
   } catch (const Halide::Error& e) {
     throw BackendError("jit: compiling schedule '" + req.schedule + "' with knobs {" + join_knobs(req.knobs) +
-                       "} for " + target.to_string() + " failed: " + e.what());
+                       "} for " + target.to_string() + " failed: " + halide_error_text(e, req.autoscheduler));
   }
   ck->kernels.origin = "jit";
   ck->kernels.name = req.key();
@@ -168,7 +188,7 @@ std::shared_ptr<const CompiledKernels> compile(const JitRequest& req) {
       ck->kernels.kit = jit_device_kit(target, ck->kernels.device);
     } catch (const Halide::Error& e) {
       throw BackendError("jit: compiling the device cache's writer and decode plan (kvouter_kv_write, kvouter_decode_plan) for " + target.to_string() +
-                         " failed: " + e.what());
+                         " failed: " + halide_error_text(e, ""));
     }
   }
   ck->target = target.to_string();
@@ -230,7 +250,7 @@ class JitBackend final : public Backend {
     try {
       run_kernels(ck->kernels, plan, in, out, &timing_, kernel_timing_, &partials_);
     } catch (const Halide::Error& e) {
-      throw BackendError("jit: running " + ck->kernels.description() + " failed: " + e.what());
+      throw BackendError("jit: running " + ck->kernels.description() + " failed: " + halide_error_text(e, ""));
     }
   }
 
