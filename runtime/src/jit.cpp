@@ -62,7 +62,7 @@ Halide::Target to_target(const std::string& target) {
 }
 
 // A Halide error as one line of text: its lines joined, and a word where Halide gave none (the
-// Mullapudi2016 plugin throws some errors with an empty message).
+// Mullapudi2016 plugin throws some errors with an empty message from apply_autoscheduler).
 std::string halide_error_text(const Halide::Error& e, const std::string& autoscheduler) {
   std::string text;
   for (const char* c = e.what(); *c; ++c) {
@@ -76,7 +76,7 @@ std::string halide_error_text(const Halide::Error& e, const std::string& autosch
   if (text.empty() || text == "Error:") {
     text += text.empty() ? "" : " ";
     text += autoscheduler.empty() ? "(Halide gave no message)"
-                                  : "(Halide gave no message; raised inside the " + autoscheduler + " autoscheduler)";
+                                  : "(Halide gave no message; the " + autoscheduler + " autoscheduler's twin)";
   }
   return text;
 }

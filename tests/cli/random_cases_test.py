@@ -4,10 +4,11 @@ SPEC section 2 (tests/data/make_cases.py), within SPEC's tolerance (tests/cli/ch
 usage: random_cases_test.py KVOUTER SEED N [extra CLI args...]
 Each case draws its own shape: page_size 1-16, blocks of 1-8 pages, 1-3 KV heads of 1-8 query
 heads, D from 1 to 136 (odd and non-power-of-two sizes among them), 1-3 sequences of 0-5 queries
-(one at least) over up to five blocks, topk 1-5, causal or not, with or without used_kv_lens,
-negative pages, padding and duplicate selections, a custom softmax scale, spare table columns,
-and float32, float16 or bfloat16 storage. A failure prints the case's parameters and its folder
-is kept (KVOUTER_KEEP_CASES=DIR: every case is written there and kept); SEED and N reproduce it.
+(one at least) or a decode step (1-6 sequences of one query each), up to five blocks a sequence,
+topk 1-5, causal or not, with or without used_kv_lens, negative pages, padding and duplicate
+selections, a custom softmax scale, spare table columns, and float32, float16 or bfloat16
+storage. A failure prints the case's parameters and keeps its folder (KVOUTER_KEEP_CASES=DIR:
+every case is written there and kept); SEED and N reproduce it.
 With --target host-vulkan: a Vulkan validation-layer error on stderr fails the case; without a
 Vulkan device the test is skipped (exit 77), or fails under KVOUTER_REQUIRE_VULKAN=1.
 """
@@ -32,11 +33,15 @@ def draw(rng):
     bs = ps * int(rng.choice([1, 2, 4, 8]))
     Hkv, qh = int(rng.integers(1, 4)), int(rng.choice([1, 2, 3, 4, 8]))
     D = int(rng.choice([1, 3, 8, 16, 24, 40, 64, 72, 96, 128, 136]))
-    B = int(rng.integers(1, 4))
-    qo = [int(rng.integers(0, 6)) for _ in range(B)]
-    if sum(qo) == 0:
-        qo[0] = 1
-    kv = [int(rng.integers(1, 5 * bs + 3)) for _ in range(B)]
+    if rng.random() < 0.25:  # a decode step: one query per sequence (the decode layouts)
+        B = int(rng.integers(1, 7))
+        qo = [1] * B
+    else:
+        B = int(rng.integers(1, 4))
+        qo = [int(rng.integers(0, 6)) for _ in range(B)]
+        if sum(qo) == 0:
+            qo[0] = 1
+    kv = [int(rng.integers(1, 5 * bs + 1)) for _ in range(B)]
     used = bool(rng.random() < 0.8)
     if not used:
         kv = [max(kv)] * B  # without used_kv_lens every sequence spans its whole table

@@ -45,6 +45,7 @@ def reference(q, kp, vp, sel, bt, cu, used, bs, ps, causal, scale):
 def storage(x, dtype):
     """x (float32) stored in dtype: the array written to the .npy (bfloat16 as its <u2 bits,
     rounded to nearest even) and the float32 values it holds, which the reference reads."""
+    assert x.dtype == np.float32, x.dtype
     if dtype == "float32":
         return x, x
     if dtype == "float16":
@@ -52,6 +53,7 @@ def storage(x, dtype):
         return h, h.astype(np.float32)
     u = x.view(np.uint32).astype(np.uint64)
     bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = np.where(np.isnan(x), ((u >> 16) | 0x40).astype(np.uint16), bits)  # NaN stays a (quiet) NaN
     return bits, (bits.astype(np.uint32) << 16).view(np.float32)
 
 

@@ -792,13 +792,29 @@ TEST(DeviceCache, BadWritesAreTypedErrorsNamingTheField) {
 TEST(DeviceCache, OnePositionPagesTakeBothShapes) {
   REQUIRE_DEVICE("host-vulkan");
   DeviceKvCache cache("host-vulkan", {8, 2, 1, 32, Dtype::kFloat32});
-  std::vector<float> k(3 * 2 * 32), v(k.size());
-  std::vector<int32_t> pages = {5, 0, 7}, slots = {0, 0, 0};
+  std::vector<float> k(3 * 2 * 32), v(k.size()), k2(k.size()), v2(k.size());
+  std::iota(k.begin(), k.end(), 1.f);
+  std::iota(v.begin(), v.end(), -500.f);
+  std::iota(k2.begin(), k2.end(), 1000.f);
+  std::iota(v2.begin(), v2.end(), 2000.f);
+  std::vector<int32_t> pages = {5, 0, 7}, slots = {0, 0, 0}, tokens = {0, 7}, token_slots = {0, 0};
   const TensorView<const int32_t> three(pages.data(), {3}), zero_slots(slots.data(), {3});
   const StorageView kp(k.data(), {3, 2, 1, 32}), vp(v.data(), {3, 2, 1, 32});
   const StorageView kt(k.data(), {3, 2, 32}), vt(v.data(), {3, 2, 32});
-  EXPECT_NO_THROW(cache.write_pages(three, kp, vp));
-  EXPECT_NO_THROW(cache.write_tokens(three, zero_slots, kt, vt));
+  ASSERT_NO_THROW(cache.write_pages(three, kp, vp));
+  std::vector<float> k_back(k.size(), 0.f), v_back(k.size(), 0.f);
+  cache.read_pages(three, k_back.data(), v_back.data());
+  EXPECT_EQ(k_back, k);
+  EXPECT_EQ(v_back, v);
+  // Two of them overwritten a token at a time (pages 0 and 7, their one slot).
+  ASSERT_NO_THROW(cache.write_tokens(TensorView<const int32_t>(tokens.data(), {2}), TensorView<const int32_t>(token_slots.data(), {2}),
+                                     StorageView(k2.data(), {2, 2, 32}), StorageView(v2.data(), {2, 2, 32})));
+  cache.read_pages(three, k_back.data(), v_back.data());
+  for (size_t i = 0; i < k.size(); ++i) {
+    const size_t page = i / 64, at = i % 64;  // pages 5, 0, 7; the tokens went to 0 and 7
+    ASSERT_EQ(k_back[i], page == 0 ? k[i] : k2[(page - 1) * 64 + at]) << i;
+    ASSERT_EQ(v_back[i], page == 0 ? v[i] : v2[(page - 1) * 64 + at]) << i;
+  }
   EXPECT_EQ(input_error_field([&] { cache.write_pages(three, kt, vt); }), "k");
   EXPECT_EQ(input_error_field([&] { cache.write_tokens(three, zero_slots, kp, vp); }), "k");
 }

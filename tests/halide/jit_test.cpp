@@ -201,7 +201,9 @@ TEST(Jit, AutoschedulerParamsComeFromTheirTable) {
 // Known failures, expected (each fails the day it starts passing): on some small shapes Halide 21's
 // autoschedulers emit a schedule Halide refuses, or fail inside themselves. The twin reports it as a
 // backend error naming the schedule, on one line, never a result. Found by
-// tests/cli/random_cases_test.py (seed 7: Adams2019 3 of 30 shapes, Mullapudi2016 3 of 30).
+// tests/cli/random_cases_test.py (seed 7: Adams2019 3 of 30 shapes, Mullapudi2016 3 of 30) on the
+// 2-core AVX-512 build machine. The twins plan for the host's target and cores, so elsewhere
+// a shape may compile: there its result must match the oracle instead.
 TEST(Jit, AutoschedulerTwinsRefuseSomeSmallShapesKnownFailure) {
   struct Known {
     std::string twin, message;
@@ -220,7 +222,7 @@ TEST(Jit, AutoschedulerTwinsRefuseSomeSmallShapesKnownFailure) {
   known[0].spec.topk = 5;
   known[0].spec.causal = false;
   known[1].twin = "auto_mullapudi2016";  // an error without a message from inside the plugin
-  known[1].message = "Error: (Halide gave no message; raised inside the Mullapudi2016 autoscheduler)";
+  known[1].message = "Error: (Halide gave no message; the Mullapudi2016 autoscheduler's twin)";
   known[1].spec.qo = {1, 0};
   known[1].spec.kv = {32, 35};
   known[1].spec.Hq = 2;
@@ -230,13 +232,19 @@ TEST(Jit, AutoschedulerTwinsRefuseSomeSmallShapesKnownFailure) {
   known[1].spec.page_size = 8;
   known[1].spec.topk = 2;
   known[1].spec.causal = false;
+  const bool established = std::thread::hardware_concurrency() == 2 && pipeline::prefill_wide_tile(Halide::get_host_target());
   for (const Known& k : known) {
     auto backend = jit(k.twin);
     const Inputs in = experiments::make_case(k.spec);
     try {
       const Plan plan = make_plan(in, backend->plan_options());
-      backend->run(plan, in);
-      ADD_FAILURE() << k.twin << " now compiles this shape: the known failure is gone; make it a passing check";
+      const Outputs got = backend->run(plan, in);
+      if (established) {
+        ADD_FAILURE() << k.twin << " now compiles this shape: the known failure is gone; make it a passing check";
+      } else {
+        const auto err = experiments::compare_outputs(got, reference::dense_attention<double>(in, plan.problem));
+        EXPECT_TRUE(err.ok()) << k.twin << " on another machine: max|out err| " << err.max_out_err;
+      }
     } catch (const BackendError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("'" + k.twin + "'"), std::string::npos) << what;
