@@ -209,29 +209,23 @@ TEST(Jit, AutoschedulerTwinsRefuseSomeSmallShapesKnownFailure) {
     std::string twin, message;
     experiments::CaseSpec spec;
   };
-  std::vector<Known> known(2);
-  known[0].twin = "auto_adams2019";  // unrolls a loop whose extent is not constant
-  known[0].message = "Can only unroll for loops over a constant extent. Loop over";
-  known[0].spec.qo = {1};
-  known[0].spec.kv = {14};
-  known[0].spec.Hq = 16;
-  known[0].spec.Hkv = 2;
-  known[0].spec.D = 64;
-  known[0].spec.block_size = 8;
-  known[0].spec.page_size = 1;
-  known[0].spec.topk = 5;
-  known[0].spec.causal = false;
-  known[1].twin = "auto_mullapudi2016";  // an error without a message from inside the plugin
-  known[1].message = "Error: (Halide gave no message; the Mullapudi2016 autoscheduler's twin)";
-  known[1].spec.qo = {1, 0};
-  known[1].spec.kv = {32, 35};
-  known[1].spec.Hq = 2;
-  known[1].spec.Hkv = 1;
-  known[1].spec.D = 1;
-  known[1].spec.block_size = 32;
-  known[1].spec.page_size = 8;
-  known[1].spec.topk = 2;
-  known[1].spec.causal = false;
+  // Non-causal cases of one KV-head group size: queries and lengths per sequence, then the shape.
+  auto shape = [](std::vector<int64_t> qo, std::vector<int64_t> kv, int64_t Hq, int64_t Hkv, int64_t D, int64_t block,
+                  int64_t page, int64_t topk) {
+    experiments::CaseSpec s;
+    s.qo = std::move(qo);
+    s.kv = std::move(kv);
+    std::tie(s.Hq, s.Hkv, s.D, s.block_size, s.page_size, s.topk) = std::make_tuple(Hq, Hkv, D, block, page, topk);
+    s.causal = false;
+    return s;
+  };
+  const std::vector<Known> known = {
+      // unrolls a loop whose extent is not constant
+      {"auto_adams2019", "Can only unroll for loops over a constant extent. Loop over", shape({1}, {14}, 16, 2, 64, 8, 1, 5)},
+      // an error without a message from inside the plugin
+      {"auto_mullapudi2016", "Error: (Halide gave no message; the Mullapudi2016 autoscheduler's twin)",
+       shape({1, 0}, {32, 35}, 2, 1, 1, 32, 8, 2)},
+  };
   const bool established = std::thread::hardware_concurrency() == 2 && pipeline::prefill_wide_tile(Halide::get_host_target());
   for (const Known& k : known) {
     auto backend = jit(k.twin);
