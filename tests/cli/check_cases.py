@@ -39,6 +39,11 @@ def check_error(out_dir, proc):
     return ok, f"rc={proc.returncode} files={wrote} msg={lines[-1][:160] if lines else ''!r}"
 
 
+def vulkan_device(cli):
+    """Whether the CLI sees a Vulkan device (`run --help` lists host-vulkan among the targets)."""
+    return "host-vulkan" in subprocess.run([cli, "run", "--help"], capture_output=True, text=True, timeout=120).stdout
+
+
 def main():
     root, cli, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
     index = json.load(open(os.path.join(root, "index.json")))

@@ -8,6 +8,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_cases import vulkan_device  # noqa: E402
+
 cli = sys.argv[1]
 failures = []
 checks = [0]
@@ -79,7 +82,7 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("make-case", "tiny", os.path.join(tmp, "bad"), "--dtype", "int8")
     expect(r.returncode == 2 and "--dtype" in r.stderr, "make-case --dtype int8 exits 2")
     # An autoscheduled GPU twin with a known wrong result on this case: an error, never the result.
-    if "host-vulkan" in run("run", "--help").stdout:
+    if vulkan_device(cli):
         out_twin = os.path.join(tmp, "out_twin")
         # Halide's JIT Vulkan runtime leaves its device allocations to process exit; the Vulkan
         # paths are not run under the sanitizers (ctest label gpu), so leak detection is off here.

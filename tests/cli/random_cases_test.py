@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "data"))
 sys.path.insert(0, HERE)
 import make_cases  # noqa: E402
-from check_cases import check_valid  # noqa: E402
+from check_cases import check_valid, vulkan_device  # noqa: E402
 
 
 def draw(rng):
@@ -54,8 +54,7 @@ def draw(rng):
 
 def main():
     cli, seed, n, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    if "host-vulkan" in extra and "host-vulkan" not in subprocess.run([cli, "run", "--help"], capture_output=True,
-                                                                        text=True).stdout:
+    if "host-vulkan" in extra and not vulkan_device(cli):
         if os.environ.get("KVOUTER_REQUIRE_VULKAN") == "1":
             print("FAIL: KVOUTER_REQUIRE_VULKAN=1, but no Vulkan device (kvouter run --help lists no host-vulkan)")
             sys.exit(1)
