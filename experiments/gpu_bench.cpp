@@ -8,6 +8,7 @@
 //                     [--warmup-ms 2000] [--case-dir DIR] [--no-check] [--variants-generic]
 //                     [--dtypes float32,bfloat16,float16] [--loop 64] [--loop-pools reachable,full] [--loop-only]
 //                     [--loop-staging copy,in_place,in_place_after_plan,in_place_read_back,overlapped<N>] [--loop-tables host,resident,resident-device,resident-host]
+//                     [--loop-plan-tasks N,...] [--loop-plan-probe] [--loop-q-streaming]
 //
 // --dtypes runs each shape in each storage dtype (SPEC section 1; float32 first), each run with its
 // ratio to the same schedule's float32 run (x_float32) and its K/V bytes at the storage size.
@@ -43,7 +44,9 @@
 // --loop-plan-tasks: each loop again with the host plan in this many tasks on Halide's thread pool
 // (DeviceStepRunner::set_plan_tasks: 1 the calling thread, 0 one per hardware thread; default:
 // the runner's default for the target). --loop-plan-probe: before each step (outside it), the
-// same inputs' host plan timed alone (DeviceStepRunner::host_plan).
+// same inputs' host plan timed alone (DeviceStepRunner::host_plan). --loop-q-streaming: with
+// in_place staging, q written into the staging with streaming stores (halide::host_copy_streaming)
+// instead of memcpy.
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -125,6 +128,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> loop_tables = {"host"};
   std::vector<std::string> loop_plan_tasks = {"default"};
   bool loop_plan_probe = false;
+  bool loop_q_streaming = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -140,7 +144,7 @@ int run(int argc, char** argv) {
           "                         [--loop N] [--loop-pools reachable,full] [--loop-only]\n"
           "                         [--loop-staging copy,in_place,in_place_after_plan,in_place_read_back,overlapped<N>]\n"
           "                         [--loop-tables host,resident,resident-device,resident-host]\n"
-          "                         [--loop-plan-tasks default,1,2,4,...] [--loop-plan-probe]\n"
+          "                         [--loop-plan-tasks default,1,2,4,...] [--loop-plan-probe] [--loop-q-streaming]\n"
           "  the GPU shapes through the AOT kernels, checked against the CPU direct baseline and timed\n"
           "  by the measurement core; --loop N adds the whole device-resident step N times. Exit 1 when\n"
           "  a result differs from its reference; 2 on bad arguments (experiments/results/gpu/README.md)\n");
@@ -164,7 +168,8 @@ int run(int argc, char** argv) {
     else if (a == "--loop-tables") loop_tables = split(next());
     else if (a == "--loop-plan-tasks") loop_plan_tasks = split(next());
     else if (a == "--loop-plan-probe") loop_plan_probe = true;
-    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging/--loop-tables/--loop-plan-tasks/--loop-plan-probe", a);
+    else if (a == "--loop-q-streaming") loop_q_streaming = true;
+    else throw InputError("argument", "--shapes/--schedules/--targets/--dtypes/--all-variants/--variants-generic/--reps/--warmup-ms/--json/--case-dir/--no-check/--loop/--loop-pools/--loop-only/--loop-staging/--loop-tables/--loop-plan-tasks/--loop-plan-probe/--loop-q-streaming", a);
   }
   for (const auto& p : loop_pools) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
@@ -391,6 +396,7 @@ int run(int argc, char** argv) {
               lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
               lo.plan_tasks = tasks;
               lo.plan_probe = loop_plan_probe;
+              lo.q_streaming = loop_q_streaming;
               try {
                 json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
                 l["pool"] = pool;

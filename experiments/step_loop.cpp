@@ -9,6 +9,7 @@
 #include "direct.h"
 #include "kvouter/device_cache.h"
 #include "kvouter/errors.h"
+#include "kvouter/host_copy.h"
 #include "kvouter/stats.h"
 
 namespace kvouter::experiments {
@@ -40,7 +41,8 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
             {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : !opt.q_ahead ? "in_place_after_plan" : !opt.outputs_in_place ? "in_place_read_back" : "in_place"},
-            {"tables", opt.resident_tables ? "resident" : "host"}};
+            {"tables", opt.resident_tables ? "resident" : "host"}, {"q_write", opt.q_streaming ? "streaming" : "memcpy"}};
+  if (opt.q_streaming && !opt.in_place) throw InputError("q_streaming", "a loop with in_place staging", "copy staging");
   if (opt.overlap_parts > 0) {
     if (!opt.in_place) throw InputError("overlap_parts", "a loop with in_place staging", "copy staging");
     r["staging"] = "overlapped";
@@ -103,6 +105,14 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
     if (dt == Dtype::kFloat16) *value = half_to_float(*bits = float_to_half(x));
     else if (dt == Dtype::kBFloat16) *value = bf16_to_float(*bits = float_to_bf16(x));
     else *value = x;
+  };
+  // The engine's write of q into the runner's staging (outside the step).
+  auto write_q = [&](void* dst, const void* src, int64_t bytes) {
+    if (opt.q_streaming) {
+      halide::host_copy_streaming(dst, src, bytes);
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(bytes));
+    }
   };
   std::vector<int32_t> tok_page(static_cast<size_t>(B)), tok_slot(static_cast<size_t>(B));
   std::vector<float> tk(static_cast<size_t>(B * H * D)), tv(tk.size());
@@ -188,7 +198,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
       // The engine's q written where the runner uploads it from (here: the drawn values, copied
       // outside the step, standing for the engine producing them there).
       void* staged = runner.q_staging(Tq, Hq);
-      std::memcpy(staged, s.q.data, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+      write_q(staged, s.q.data, s.q.numel() * s.q.element_bytes());
       s.q.data = staged;
     }
     s.selected = TensorView<const int32_t>(st.selected.data.data(), {Tq, H, topk});
@@ -215,7 +225,7 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
       // The same step again, phase by phase (q written into the staging again, as the engine
       // would): the kernels the overlapped step is measured against.
       const void* drawn = dt == Dtype::kFloat32 ? static_cast<const void*>(st.q.data.data()) : st.q_bits.data.data();
-      std::memcpy(runner.q_staging(Tq, Hq), drawn, static_cast<size_t>(s.q.numel() * s.q.element_bytes()));
+      write_q(runner.q_staging(Tq, Hq), drawn, s.q.numel() * s.q.element_bytes());
       runner.step(s, false);
       const OutputsView w = runner.read_outputs();
       overlapped_equal = overlapped_equal &&

@@ -49,6 +49,9 @@ struct StepLoopOptions {
   // host plan: where the step builds a decode step's tiles on the device (CUDA, resident tables)
   // the host's part of its plan is smaller. Not with overlap_parts.
   bool plan_probe = false;
+  // With in_place: q written into the staging with streaming stores (halide::host_copy_streaming)
+  // instead of memcpy: the host's caches keep what the step's plan reads.
+  bool q_streaming = false;
 };
 
 // Runs `steps` steps of the case on a fresh cache: its pages written once, then per step (decode:

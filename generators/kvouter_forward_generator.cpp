@@ -108,6 +108,19 @@ class KvouterForward : public Generator<KvouterForward> {
     f.static_C = static_block ? C : 0;
     f.static_page = page_size > 0 ? int(page_size) : 0;
     f.storage = storage_type();
+    // On CUDA, K and V rows in 16-byte groups of channels that a schedule may load as one vector
+    // (ld.global.nc.v4): the device cache's pools are dense and their buffers 256-byte aligned,
+    // which the stride constraints and the alignment below state to Halide (without them the
+    // NVPTX backend splits a vector load into scalar ones).
+    const int elem_bytes = storage_type().bytes(), group = 16 / elem_bytes;
+    if (!using_autoscheduler() && get_target().has_feature(Target::CUDA) && head_dim > 0 && head_dim % group == 0) {
+      for (Input<Buffer<void, 4>>* pool : {&k_pages, &v_pages}) {
+        pool->set_host_alignment(16);
+        pool->dim(2).set_stride((pool->dim(2).stride() / group) * group);
+        pool->dim(3).set_stride((pool->dim(3).stride() / group) * group);
+      }
+      f.kv_group = group;
+    }
     f.static_NC = static_block ? (int(block_size) + C - 1) / C : 0;
     f.rd = RDom(0, D, "rd");
     f.rp = RDom(0, C, "rp");

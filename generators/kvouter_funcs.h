@@ -74,6 +74,9 @@ struct ForwardFuncs {
   int static_NC = 0;    // chunks per block, likewise
   int static_page = 0;  // positions per page where specialised, else 0
   Halide::Type storage = Halide::Float(32);  // q, K and V as stored (bfloat16: its bits, uint16)
+  // Channels of a K or V row that start 16-byte aligned groups a schedule may load as one vector
+  // (CUDA targets with D a multiple of them); 1 elsewhere.
+  int kv_group = 1;
   // The partials are the one chunk's (o, m, l), read from cpv, cmax and csum; st is undefined
   // (ScheduleInfo::chunk_partials, with the block one chunk).
   bool chunk_partials = false;

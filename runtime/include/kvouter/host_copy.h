@@ -11,6 +11,12 @@ namespace kvouter::halide {
 // on the calling thread.
 void host_copy(void* dst, const void* src, int64_t bytes);
 
+// dst[0, bytes) = src[0, bytes) on the calling thread, written with streaming (non-temporal)
+// stores where the CPU has them (x86-64): the copy does not pull dst's lines into the host's
+// caches or evict what is there. For an engine writing q into a device step's staging
+// (DeviceStepRunner::q_staging), whose lines the host does not read again.
+void host_copy_streaming(void* dst, const void* src, int64_t bytes);
+
 inline constexpr int64_t kParallelCopyBytes = int64_t{512} << 10;
 
 // Whether this program links a Halide runtime, whose thread pool the copies (and the planner's
