@@ -44,9 +44,9 @@
 // --loop-plan-tasks: each loop again with the host plan in this many tasks on Halide's thread pool
 // (DeviceStepRunner::set_plan_tasks: 1 the calling thread, 0 one per hardware thread; default:
 // the runner's default for the target). --loop-plan-probe: before each step (outside it), the
-// same inputs' host plan timed alone (DeviceStepRunner::host_plan). --loop-q-streaming: with
-// in_place staging, q written into the staging with streaming stores (halide::host_copy_streaming)
-// instead of memcpy.
+// same inputs' host plan timed alone (DeviceStepRunner::host_plan). --loop-q-streaming: in the
+// loops whose staging is not copy, q written into the staging with streaming stores
+// (halide::host_copy_streaming) instead of memcpy (the JSON's q_write).
 //
 // Exit status 1 when any checked result differs from its reference (the JSON says which).
 //
@@ -173,6 +173,10 @@ int run(int argc, char** argv) {
   }
   for (const auto& p : loop_pools) {
     if (p != "reachable" && p != "full") throw InputError("--loop-pools", "reachable and/or full", p);
+  }
+  if (loop_q_streaming && (loop <= 0 || std::all_of(loop_staging.begin(), loop_staging.end(), [](const std::string& m) { return m == "copy"; }))) {
+    throw InputError("--loop-q-streaming", "with --loop N and an in-place --loop-staging (the engine writes q into the staging)",
+                     loop <= 0 ? "no --loop" : "--loop-staging copy");
   }
   for (const auto& p : loop_staging) {
     if (p != "copy" && p != "in_place" && p != "in_place_after_plan" && p != "in_place_read_back" && overlap_parts_of(p) <= 0) {
@@ -396,14 +400,15 @@ int run(int argc, char** argv) {
               lo.decode_plan_on_device = tables == "resident-device" ? 1 : tables == "resident-host" ? 0 : -1;
               lo.plan_tasks = tasks;
               lo.plan_probe = loop_plan_probe;
-              lo.q_streaming = loop_q_streaming;
+              lo.q_streaming = loop_q_streaming && lo.in_place;  // (a copy loop writes no q into the staging)
               try {
                 json l = run_step_loop(in, lo, decode && check, decode || first_key.empty() ? nullptr : &first_out);
                 l["pool"] = pool;
                 shape_doc["loops"].push_back(l);
               } catch (const std::exception& e) {
                 shape_doc["loops"].push_back({{"target", target}, {"pool", pool}, {"staging", staging}, {"tables", tables},
-                                              {"plan_tasks", tasks}, {"plan_probe", loop_plan_probe}, {"error", e.what()}});
+                                              {"plan_tasks", tasks}, {"plan_probe", loop_plan_probe},
+                                              {"q_streaming", loop_q_streaming}, {"error", e.what()}});
                 std::fprintf(stderr, "%s loop %s %s %s %s plan tasks %d%s: ERROR %s\n", label.c_str(), target.c_str(),
                              pool.c_str(), staging.c_str(), tables.c_str(), tasks, loop_plan_probe ? " (probe)" : "", e.what());
               }

@@ -41,8 +41,9 @@ json run_step_loop(const Inputs& case_in, const StepLoopOptions& opt, bool check
 
   json r = {{"target", opt.target}, {"schedule", opt.schedule}, {"dtype", dtype_name(dt)}, {"steps", opt.steps},
             {"pool_pages", N}, {"written_pages", P}, {"staging", !opt.in_place ? "copy" : !opt.q_ahead ? "in_place_after_plan" : !opt.outputs_in_place ? "in_place_read_back" : "in_place"},
-            {"tables", opt.resident_tables ? "resident" : "host"}, {"q_write", opt.q_streaming ? "streaming" : "memcpy"}};
+            {"tables", opt.resident_tables ? "resident" : "host"}};
   if (opt.q_streaming && !opt.in_place) throw InputError("q_streaming", "a loop with in_place staging", "copy staging");
+  if (opt.in_place) r["q_write"] = opt.q_streaming ? "streaming" : "memcpy";  // the engine's write of q into the staging
   if (opt.overlap_parts > 0) {
     if (!opt.in_place) throw InputError("overlap_parts", "a loop with in_place staging", "copy staging");
     r["staging"] = "overlapped";

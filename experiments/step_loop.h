@@ -50,7 +50,9 @@ struct StepLoopOptions {
   // the host's part of its plan is smaller. Not with overlap_parts.
   bool plan_probe = false;
   // With in_place: q written into the staging with streaming stores (halide::host_copy_streaming)
-  // instead of memcpy: the host's caches keep what the step's plan reads.
+  // instead of memcpy, so that q's lines do not evict what the step's plan reads from the host's
+  // caches (whether that shortens the plan is not settled: experiments/results/gpu/README.md,
+  // 2026-12-08).
   bool q_streaming = false;
 };
 

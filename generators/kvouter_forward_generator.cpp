@@ -108,10 +108,11 @@ class KvouterForward : public Generator<KvouterForward> {
     f.static_C = static_block ? C : 0;
     f.static_page = page_size > 0 ? int(page_size) : 0;
     f.storage = storage_type();
-    // On CUDA, K and V rows in 16-byte groups of channels that a schedule may load as one vector
-    // (ld.global.nc.v4): the device cache's pools are dense and their buffers 256-byte aligned,
-    // which the stride constraints and the alignment below state to Halide (without them the
-    // NVPTX backend splits a vector load into scalar ones).
+    // On CUDA, K and V rows in 16-byte groups of channels that a schedule may load as vectors
+    // (ld.global.nc.v4.b32 in float32): the device cache's pools are dense and their buffers
+    // 256-byte aligned, which the stride constraints and the alignment below state to Halide
+    // (without them the NVPTX backend splits a vector load into scalar ones). Only the host
+    // pointer's alignment is checked at run time; the device pointers are the cache's allocations.
     const int elem_bytes = storage_type().bytes(), group = 16 / elem_bytes;
     if (!using_autoscheduler() && get_target().has_feature(Target::CUDA) && head_dim > 0 && head_dim % group == 0) {
       for (Input<Buffer<void, 4>>* pool : {&k_pages, &v_pages}) {

@@ -25,8 +25,8 @@
 // for prefill) 2.18 ms = 10.2 % of HBM and 336 ms. vulkan_slices below is faster on both.
 // The NVIDIA Vulkan driver gives it 64-84 registers per thread (ptxas: 56 for the CUDA twin;
 // experiments/results/gpu/vk_pipeline_stats.txt).
-// With its K slices loaded in 16-byte vectors on CUDA (below), measured 2026-12-08 (H100, AOT,
-// kernel medians of 9, experiments/results/gpu/2026-12-08/gpu_bench_vector_staging_kv_h100_1.json):
+// With its K slices loaded in vectors on CUDA (below), measured 2026-12-08 (H100, AOT, kernel
+// medians of 9, experiments/results/gpu/2026-12-08/gpu_bench_vector_staging_kv_h100_1.json):
 // gpu-decode 0.753 ms (forward 0.694), bfloat16 0.705 ms, float16 0.702 ms.
 //
 // vulkan_slices: the same kernel, with what held it on the H200 changed (ncu on CUDA: 30 % of
@@ -127,7 +127,8 @@ RVar sliced_gemm(Func stage, Var x, Var row, Var c, Var tile, RVar r, int slice,
 // NX x NY workgroup: (d, p) fused with d innermost (coalesced), each thread's share an unrolled
 // loop inside the thread, so that all its loads are issued before its first store.
 // With W > 1 (W channels that start a 16-byte aligned group: ForwardFuncs::kv_group, CUDA), each
-// thread loads W channels as one vector load (experiments/gpu/ptx_loads.py counts them). Without
+// thread loads W channels as a vector (experiments/gpu/ptx_loads.py counts the loads by width:
+// one of 16 bytes in float32, two of 8 bytes in 16 bits, as LLVM emits them). Without
 // the alignment stated, the NVPTX backend split such a vector into W word loads, each warp load
 // touching W times the sectors (vulkan_slices's gpu-decode forward then took 0.74 ms on the H200
 // against 0.66, experiments/results/gpu/superseded/2026-12-03/gpu_bench_decode_vecstage.json).
@@ -296,14 +297,15 @@ void onepass_forward(ForwardFuncs& f, const Knobs& k, const Target& target, bool
       // first store (the Vulkan kernel otherwise waits on each load: every SPIR-V loop is
       // DontUnroll, docs/vulkan.md limit 9). With that loop outside the threads, Halide put a
       // workgroup barrier between its steps (32 per slice), each step one load deep.
-      // On CUDA vulkan_onepass loads its K slices in 16-byte vectors. gpu-decode's forward, H100,
-      // 2026-12-08, medians of 9 in two runs alternating with the scalar loads
-      // (experiments/results/gpu/2026-12-08/gpu_bench_vector_staging_kv_h100_{1,2}.json against
-      // gpu_bench_scalar_staging_h100_{1,2}.json): 0.694 against 0.750 ms in float32, 0.646 against
-      // 0.697 in bfloat16, 0.644 against 0.678 in float16. vulkan_slices keeps word loads: with
-      // both its K and V slices loaded in vectors it took 0.644 against 0.642 ms in float32, 0.587
-      // against 0.570 in bfloat16 and 0.608 against 0.573 in float16; with its K slices alone,
-      // 0.647 against 0.644 and 0.586 against 0.570 (gpu_bench_slices_vector_k_h100_{1,2}.json).
+      // On CUDA vulkan_onepass loads its K slices in vectors (16 bytes a load in float32, 8 in
+      // 16 bits). gpu-decode's forward, H100, 2026-12-08, means of two medians of 9, the runs
+      // alternating with word loads (experiments/results/gpu/2026-12-08/
+      // gpu_bench_vector_staging_kv_h100_{1,2}.json against gpu_bench_scalar_staging_h100_{1,2}.json):
+      // 0.694 against 0.750 ms in float32, 0.647 against 0.697 in bfloat16, 0.644 against 0.679
+      // in float16. vulkan_slices keeps word loads: with both its K and V slices loaded in vectors
+      // it took 0.645 against 0.642 ms in float32, 0.588 against 0.570 in bfloat16 and 0.608
+      // against 0.573 in float16; with its K slices alone, 0.647 against 0.645 and 0.587 against
+      // 0.570 (gpu_bench_slices_vector_k_h100_{1,2}.json, gpu_bench_scalar_staging_h100_{3,4}.json).
       const int WK = !slices && DK % f.kv_group == 0 ? f.kv_group : 1;
       stage_slice(f.kf, f.d, f.p, f.c, f.tile, NX, NY, WK, "k");
     } else {

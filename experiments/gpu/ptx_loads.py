@@ -10,9 +10,10 @@ The .stmt file (written beside every generated kernel) holds the PTX as Halide's
 in a `cuda_gpu_source_kernels` buffer. A load's bytes are its vector length times its element
 width (`ld.global.nc.v4.b32`: 16 bytes). Prints one line per kernel entry:
 
-    _kernel_partials...: 23 global loads (4 x 16 B vector, 4 x 16 B vector ... ) ...
+    _kernel_partials_s0_tile_block_id_y: 25 global loads: 12 x 16 B (4-wide), 13 x 4 B
 
-then a summary line `bytes per load: {4: 11, 16: 8}`. Exits 2 with a clear line on any bad input.
+then a summary over the kernels, `bytes per load: {4: 13, 16: 12}`. Exits 2 with a clear line on
+any bad input.
 """
 from __future__ import annotations
 
@@ -25,18 +26,21 @@ from pathlib import Path
 BLOB = "buffer cuda_gpu_source_kernels = {\n"
 LOAD = re.compile(r"^\s*(?:@%p\d+\s+)?ld\.global(?:\.nc)?(?:\.v(\d))?\.[a-z](\d+)\s")
 ENTRY = re.compile(r"^\.(?:visible\s+)?\.entry\s+(\w+)\(")
+# The first line of the host code after the buffer (its closing brace is the line before).
+HOST_CODE = re.compile(r"^(?:external_plus_metadata |external |internal |func |module )", re.M)
 
 
 def extract_ptx(stmt: str) -> str:
-    """The PTX module of a Halide CUDA .stmt."""
+    """The PTX module of a Halide CUDA .stmt: from `.version` to the host code after the buffer
+    (every kernel of the module; each function's body also ends with a `}` line)."""
     start = stmt.find(BLOB)
     if start < 0:
         raise ValueError("no CUDA kernels in it (was it generated for a host-cuda target?)")
     begin = stmt.find(".version", start)
-    end = stmt.find("\n}\n", begin)
-    if begin < 0 or end < 0:
+    host = HOST_CODE.search(stmt, begin) if begin >= 0 else None
+    if begin < 0 or host is None:
         raise ValueError("its CUDA blob holds no PTX module")
-    return stmt[begin:end]
+    return stmt[begin:host.start()]
 
 
 def loads_by_kernel(ptx: str) -> dict[str, collections.Counter]:
