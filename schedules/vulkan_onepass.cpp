@@ -134,25 +134,16 @@ RVar sliced_gemm(Func stage, Var x, Var row, Var c, Var tile, RVar r, int slice,
 // against 0.66, experiments/results/gpu/superseded/2026-12-03/gpu_bench_decode_vecstage.json).
 void stage_slice(Func stage, Var d, Var p, Var c, Var tile, int NX, int NY, int W, const std::string& tag) {
   const TailStrategy guard = TailStrategy::GuardWithIf;
-  Var dp(tag + "dp"), fo(tag + "fo"), fi(tag + "fi"), foo(tag + "foo"), foi(tag + "foi");
-  if (W > 1) {
-    Var dw(tag + "dw"), dv(tag + "dv");
-    stage.split(d, dw, dv, W, TailStrategy::RoundUp)
-        .fuse(dw, p, dp)
-        .split(dp, fo, fi, NX, guard)
-        .split(fo, foo, foi, NY, guard)
-        .reorder(dv, foo, fi, foi, c, tile)
-        .gpu_threads(fi, foi)
-        .unroll(foo)
-        .vectorize(dv);
-    return;
-  }
-  stage.fuse(d, p, dp)
+  Var dp(tag + "dp"), fo(tag + "fo"), fi(tag + "fi"), foo(tag + "foo"), foi(tag + "foi"), dw(tag + "dw"), dv(tag + "dv");
+  // With W > 1, the groups of W channels take the channels' place in the fused index.
+  if (W > 1) stage.split(d, dw, dv, W, TailStrategy::RoundUp);
+  stage.fuse(W > 1 ? dw : d, p, dp)
       .split(dp, fo, fi, NX, guard)
       .split(fo, foo, foi, NY, guard)
       .reorder(foo, fi, foi, c, tile)
       .gpu_threads(fi, foi)
       .unroll(foo);
+  if (W > 1) stage.vectorize(dv);  // (innermost: the fused loops take dw's place)
 }
 
 }  // namespace
